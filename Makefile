@@ -1,0 +1,58 @@
+# One entry point. `make book` and `make test` each build or refresh the project's own .venv from
+# pyproject.toml first, so each is one command on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+CHAPTERS = $(shell $(PYTHON) tools/tangle.py --list)
+NB ?= $(CHAPTERS)
+
+.PHONY: help venv book test tangle check outputs bench clean
+
+help:
+	@echo "make book     build the HTML book into _build/html"
+	@echo "make test     tangle check, unit tests, every chapter under nbval, book build with -W"
+	@echo "make tangle   write ggml_lite/ from the chapters"
+	@echo "make outputs  re-execute chapters in place (all, or NB=book/NN_x.ipynb)"
+	@echo "make bench    run the benchmarks in bench/ and write bench/results/*.json"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[book,test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+tangle:
+	$(PYTHON) tools/tangle.py
+
+check:
+	$(PYTHON) tools/tangle.py --check
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@echo "The book is at _build/html/index.html (open file://$$(pwd)/_build/html/index.html)"
+
+test: $(STAMP)
+	@echo "== 1/4 tangle check"
+	$(PY) tools/tangle.py --check
+	@echo "== 2/4 unit tests (tests/)"
+	$(PY) -m pytest tests -q -rs -p no:cacheprovider
+	@echo "== 3/4 chapters under nbval"
+	$(PY) -m pytest -q -rs -p no:cacheprovider --nbval --nbval-current-env \
+	    --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 120 $(CHAPTERS)
+	@echo "== 4/4 book build (-W: a warning fails)"
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+outputs: $(STAMP)
+	$(PY) tools/run_notebooks.py $(NB)
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) bench/run.py
+
+clean:
+	rm -rf _build

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""Re-execute chapters in place so their stored outputs are exactly what their code prints.
+
+    python tools/run_notebooks.py book/01_types.ipynb [more.ipynb ...]
+
+One canonical way: nbclient, the current environment's python3 kernel, no timing metadata,
+PYTHONHASHSEED=0, the working directory the notebook's own folder (as under nbval).
+"""
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+
+def run(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+
+
+def main(paths: list[str]) -> int:
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        print("run_notebooks: PYTHONHASHSEED must be 0 (make outputs sets it)", file=sys.stderr)
+        return 2
+    for p in paths:
+        t = time.perf_counter()
+        run(Path(p))
+        print(f"executed {p} in {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
