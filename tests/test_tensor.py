@@ -485,3 +485,43 @@ def test_numpy_shapes_and_strides():
     with pytest.raises(GGMLError, match="not dense"):
         ggml.transpose(ctx, q).numpy()
     assert ggml.new_tensor_2d(ctx, F32, 0, 3).numpy().shape == (1, 1, 3, 0)
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(ne=st.lists(st.integers(1, 5), min_size=4, max_size=4), axes=st.permutations([0, 1, 2, 3]))
+def test_permute_is_numpy_transpose_without_copy(ne, axes):
+    ctx = ggml.init(1 << 16)
+    a = ggml.new_tensor_4d(ctx, F32, *ne)
+    a.numpy()[...] = np.arange(ggml.nelements(a), dtype=np.float32).reshape(a.numpy().shape)
+    p = ggml.permute(ctx, a, *axes)
+    inv = [axes.index(k) for k in range(4)]               # p's dim k is a's dim inv[k]
+    expected = np.transpose(a.numpy(), [3 - inv[3 - j] for j in range(4)])
+    assert np.array_equal(p.numpy(), expected) and np.shares_memory(p.numpy(), a.numpy())
+    assert ggml.nbytes(p) == ggml.nbytes(a) == 4 * ggml.nelements(a)
+    dense = all(p.ne[i] == 1 or p.nb[i] == 4 * int(np.prod(p.ne[:i])) for i in range(4))
+    assert ggml.is_contiguous(p) == dense == p.numpy().flags.c_contiguous
+    r = ggml.reshape_1d(ctx, ggml.dup_tensor(ctx, p), ggml.nelements(p))
+    assert r.ne == [ggml.nelements(a), 1, 1, 1] and ggml.is_contiguous(r)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), data=st.data())
+def test_view_1d_inside_or_refused(n, data):
+    ctx = ggml.init(1 << 16)
+    a = ggml.new_tensor_1d(ctx, I32, n)
+    a.numpy()[...] = np.arange(n)
+    k = data.draw(st.integers(0, n + 3))
+    offs = 4 * data.draw(st.integers(0, n + 3))
+    used = ggml.used_mem(ctx)
+    if k == 0 or 4 * k + offs <= 4 * n:
+        v = ggml.view_1d(ctx, a, k, offs)
+        assert v.numpy().reshape(-1).tolist() == list(range(offs // 4, offs // 4 + k))
+    else:
+        with pytest.raises(GGMLError, match=rf"{4 * k} \+ {offs} > {4 * n}"):
+            ggml.view_1d(ctx, a, k, offs)
+        assert ggml.used_mem(ctx) == used
