@@ -1,7 +1,7 @@
 """Tests of ggml_lite.tensor: the context pool, descriptors, views, predicates, names, flags, data access.
 
 Every expected number marked "ggml:" was printed by real ggml for the same calls
-(tests/ggml_ref/tensor_ref.py, run with ggml-python 0.0.45; see that file to re-run it).
+(tests/ggml_ref/tensor_ref.py, run with ggml-python 0.0.45 = ggml 0.15.3; see that file to re-run it).
 The tests themselves do not need ggml.
 """
 import gc
