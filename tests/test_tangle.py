@@ -65,19 +65,25 @@ def test_export_to_other_module_and_subpackages(book):
     assert (book / "ggml_lite" / "backends" / "cpu" / "__init__.py").exists()
 
 
+def _forget_ggml_lite():
+    return {m: sys.modules.pop(m) for m in list(sys.modules) if m == "ggml_lite" or m.startswith("ggml_lite.")}
+
+
 def test_face_reexports_in_toc_order(book):
     face = (book / "ggml_lite" / "__init__.py").read_text()
     imports = [l.split()[1] for l in face.splitlines() if l.startswith("from .")]
     assert imports == [".alpha", ".beta", ".backends.cpu.kernels"]
+    real = _forget_ggml_lite()  # other test modules imported the real package
     sys.path.insert(0, str(book))
     try:
         import ggml_lite as pkg
+        assert pkg.__file__ == str(book / "ggml_lite" / "__init__.py")
         assert pkg.make_alpha() == 3 and pkg.beta_double(2) == 4 and pkg.__version__ == "9.9"
         assert not hasattr(pkg, "internal_thing")
     finally:
         sys.path.remove(str(book))
-        for m in [m for m in sys.modules if m == "ggml_lite" or m.startswith("ggml_lite.")]:
-            del sys.modules[m]
+        _forget_ggml_lite()
+        sys.modules.update(real)
 
 
 def test_hand_edit_is_caught_naming_the_notebook(book):
