@@ -82,17 +82,21 @@ def is_quantized(t) -> bool:
     return _LAYOUT[_as_type(t)][3]
 
 
+def _check_blocks(t: Type, n: int, where: str) -> None:
+    bs = blck_size(t)
+    if n % bs != 0:
+        raise GGMLError(f"{where}: {n} elements is not a multiple of the {type_name(t)} block size {bs} "
+                        f"({n // bs} whole blocks and {n % bs} elements left over)")
+
+
 def row_size(t, n: int) -> int:
     """ggml_row_size: bytes taken by n elements of type t; n must be a whole number of blocks."""
     t = _as_type(t)
-    bs = blck_size(t)
-    if n % bs != 0:
-        raise GGMLError(f"row_size: {n} elements is not a multiple of the {type_name(t)} block size {bs} "
-                        f"({n // bs} whole blocks and {n % bs} elements left over)")
-    return type_size(t) * (n // bs)
+    _check_blocks(t, n, "row_size")
+    return type_size(t) * (n // blck_size(t))
 
 # %% book/01_types.ipynb #types-half-scalar
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fp32_to_fp16(f) -> int:
     """IEEE binary16 bits (uint16) of a float32, round to nearest even; overflow goes to inf.
     A NaN keeps its sign and top payload bits (numpy's rule, so gguf agrees byte for byte)."""
@@ -121,7 +125,7 @@ def fp32_to_fp16(f) -> int:
     return np.uint16(sign | q)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fp16_to_fp32(h):
     """float32 value of IEEE binary16 bits (exact: every half is a float32)."""
     h = np.int64(h)
@@ -138,7 +142,7 @@ def fp16_to_fp32(h):
     return np.uint32(bits).view(np.float32)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fp32_to_bf16(f) -> int:
     """bf16 bits (uint16) of a float32: ggml_compute_fp32_to_bf16. Round to nearest even;
     a NaN is made quiet (bit 6 of the result set) instead of being rounded into inf."""
@@ -148,34 +152,34 @@ def fp32_to_bf16(f) -> int:
     return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def bf16_to_fp32(h):
     """float32 value of bf16 bits: the bits shifted into the top half."""
     return np.uint32(np.int64(h) << 16).view(np.float32)
 
 # %% book/01_types.ipynb #types-half-rows
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fp32_to_fp16_row(x, y):
     """ggml_fp32_to_fp16_row: y[i] = fp16 bits of x[i] (x float32[n], y uint16[n])."""
     for i in range(x.shape[0]):
         y[i] = fp32_to_fp16(x[i])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fp16_to_fp32_row(x, y):
     """ggml_fp16_to_fp32_row: x uint16[n] -> y float32[n]."""
     for i in range(y.shape[0]):
         y[i] = fp16_to_fp32(x[i])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fp32_to_bf16_row(x, y):
     """ggml_fp32_to_bf16_row: y[i] = bf16 bits of x[i] (x float32[n], y uint16[n])."""
     for i in range(x.shape[0]):
         y[i] = fp32_to_bf16(x[i])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def bf16_to_fp32_row(x, y):
     """ggml_bf16_to_fp32_row: x uint16[n] -> y float32[n]."""
     for i in range(y.shape[0]):
@@ -235,7 +239,7 @@ _F0, _F1, _F8_5, _F0_5 = np.float32(0.0), np.float32(1.0), np.float32(8.5), np.f
 GROUP_MAX_EPS = np.float32(1e-15)   # ggml: a group whose largest |x| is below this is all zero
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def nearest_int(fval) -> int:
     """ggml's nearest_int: add 1.5*2**23 so that the float adder rounds (half to even) into the
     low mantissa bits, then read them. Exact round-half-to-even for |fval| <= 4194303."""
@@ -243,7 +247,7 @@ def nearest_int(fval) -> int:
     return np.int64(np.float32(val).view(np.int32) & 0x007FFFFF) - 0x00400000
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def roundf(v):
     """C's roundf on a float32: round half away from zero."""
     a = abs(v)
@@ -253,7 +257,7 @@ def roundf(v):
     return r if v >= _F0 else -r
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _to_int8(v) -> int:
     """C's (int8_t) of a float as x86 compilers build it: truncate to int32 (cvttss2si, where NaN
     and out-of-range give 0x80000000), keep the low byte. Finite in-range inputs never go near the
@@ -263,32 +267,32 @@ def _to_int8(v) -> int:
     return ((np.int64(v) + 128) & 0xFF) - 128
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _get_f16(b, off):
     return fp16_to_fp32(np.int64(b[off]) | (np.int64(b[off + 1]) << 8))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _put_f16(b, off, v):
     h = np.int64(fp32_to_fp16(v))
     b[off] = h & 0xFF
     b[off + 1] = h >> 8
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _get_f32(b, off):
     u = np.int64(b[off]) | (np.int64(b[off + 1]) << 8) | (np.int64(b[off + 2]) << 16) | (np.int64(b[off + 3]) << 24)
     return np.uint32(u).view(np.float32)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _put_f32(b, off, v):
     u = np.int64(np.float32(v).view(np.uint32))
     for k in range(4):
         b[off + k] = (u >> (8 * k)) & 0xFF
 
 # %% book/01_types.ipynb #types-q32
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q4_0_ref(x, y):
     """block_q4_0 = {fp16 d; u8 qs[16]}: x float32[n] -> y uint8[n/32*18]."""
     for i in range(x.shape[0] // QK4_0):
@@ -306,18 +310,19 @@ def quantize_row_q4_0_ref(x, y):
             y[b + 2 + j] = (q0 & 0xFF) | ((q1 << 4) & 0xFF)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q4_0(x, y):
     """x uint8 blocks -> y float32[n]: (q - 8) * d."""
     for i in range(y.shape[0] // QK4_0):
         o, b = i * QK4_0, i * 18
         d = _get_f16(x, b)
         for j in range(QK4_0 // 2):
-            y[o + j] = np.float32((x[b + 2 + j] & 0x0F) - 8) * d
-            y[o + 16 + j] = np.float32((x[b + 2 + j] >> 4) - 8) * d
+            v = np.int64(x[b + 2 + j])
+            y[o + j] = np.float32((v & 0x0F) - 8) * d
+            y[o + 16 + j] = np.float32((v >> 4) - 8) * d
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q4_1_ref(x, y):
     """block_q4_1 = {fp16 d; fp16 m; u8 qs[16]}: codes 0..15 over [min, max]."""
     for i in range(x.shape[0] // QK4_1):
@@ -336,18 +341,19 @@ def quantize_row_q4_1_ref(x, y):
             y[b + 4 + j] = (q0 & 0xFF) | ((q1 << 4) & 0xFF)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q4_1(x, y):
     """q * d + m."""
     for i in range(y.shape[0] // QK4_1):
         o, b = i * QK4_1, i * 20
         d, m = _get_f16(x, b), _get_f16(x, b + 2)
         for j in range(QK4_1 // 2):
-            y[o + j] = np.float32(x[b + 4 + j] & 0x0F) * d + m
-            y[o + 16 + j] = np.float32(x[b + 4 + j] >> 4) * d + m
+            v = np.int64(x[b + 4 + j])
+            y[o + j] = np.float32(v & 0x0F) * d + m
+            y[o + 16 + j] = np.float32(v >> 4) * d + m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_0_ref(x, y):
     """block_q8_0 = {fp16 d; i8 qs[32]}: d = max|x|/127, q = roundf(x/d)."""
     for i in range(x.shape[0] // QK8_0):
@@ -362,7 +368,7 @@ def quantize_row_q8_0_ref(x, y):
             y[b + 2 + j] = _to_int8(roundf(x[o + j] * idd)) & 0xFF
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_0(x, y):
     """q * d."""
     for i in range(y.shape[0] // QK8_0):
@@ -372,7 +378,7 @@ def dequantize_row_q8_0(x, y):
             y[o + j] = np.float32(np.int8(x[b + 2 + j])) * d
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_1_ref(x, y):
     """block_q8_1 = {fp16 d; fp16 s; i8 qs[32]}: as q8_0, plus s = d * sum(q) for the q4_1 dot."""
     for i in range(x.shape[0] // QK8_1):
@@ -391,7 +397,7 @@ def quantize_row_q8_1_ref(x, y):
         _put_f16(y, b + 2, np.float32(total) * d)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_1(x, y):
     """q * d (ggml has no to_float for q8_1, an activation-only format; this is the obvious one)."""
     for i in range(y.shape[0] // QK8_1):
@@ -401,7 +407,7 @@ def dequantize_row_q8_1(x, y):
             y[o + j] = np.float32(np.int8(x[b + 4 + j])) * d
 
 # %% book/01_types.ipynb #types-q8k
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_K_ref(x, y):
     """block_q8_K = {f32 d; i8 qs[256]; i16 bsums[16]}: the activation format of the K-quant dots.
     An all-zero block gets d = 0 and zero codes (ggml leaves its bsums as they were; here they are
@@ -428,7 +434,7 @@ def quantize_row_q8_K_ref(x, y):
         _put_f32(y, b, _F1 / iscale)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_K(x, y):
     """q * d, with d a float32."""
     for i in range(y.shape[0] // QK_K):
@@ -438,7 +444,7 @@ def dequantize_row_q8_K(x, y):
             y[o + j] = d * np.float32(np.int8(x[b + 4 + j]))
 
 # %% book/01_types.ipynb #types-q4k
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep):
     """ggml's make_qkx2_quants for x[o:o+n] with Q4_K's weights w = av_x + |x| (use_mad=false):
     fit x ~ scale*L - the_min with codes L in 0..nmax by a weighted least-squares search over
@@ -498,7 +504,7 @@ def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep):
     return scale, -xmin, best_iscale, best_min
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _q4_K_sub_fit(x, o):
     """Q4_K's call of make_qkx2_quants for the 32 values at x[o]."""
     sum_x2 = _F0
@@ -508,17 +514,18 @@ def _q4_K_sub_fit(x, o):
     return make_qkx2_quants(x, o, 32, 15, av_x, np.float32(-1.0), np.float32(0.1), 20)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def get_scale_min_k4(j, q, off):
     """The 6-bit scale and min of sub-block j from the 12 packed bytes at q[off]."""
     if j < 4:
-        return q[off + j] & 63, q[off + j + 4] & 63
-    sc = (q[off + j + 4] & 0xF) | ((q[off + j - 4] >> 6) << 4)
-    m = (q[off + j + 4] >> 4) | ((q[off + j] >> 6) << 4)
+        return np.int64(q[off + j]) & 63, np.int64(q[off + j + 4]) & 63
+    lo = np.int64(q[off + j + 4])
+    sc = (lo & 0xF) | ((np.int64(q[off + j - 4]) >> 6) << 4)
+    m = (lo >> 4) | ((np.int64(q[off + j]) >> 6) << 4)
     return sc, m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q4_K_ref(x, y):
     """block_q4_K = {fp16 d; fp16 dmin; u8 scales[12]; u8 qs[128]}: 8 sub-blocks of 32, each
     x ~ d*sc_j*q - dmin*m_j with 6-bit sc_j, m_j and 4-bit q."""
@@ -543,8 +550,8 @@ def quantize_row_q4_K_ref(x, y):
                 y[b + 8 + j] = lm
             else:
                 y[b + 8 + j] = (ls & 0xF) | ((lm & 0xF) << 4)
-                y[b + j] |= (ls >> 4) << 6
-                y[b + 4 + j] |= (lm >> 4) << 6
+                y[b + j] = np.int64(y[b + j]) | ((ls >> 4) << 6)
+                y[b + 4 + j] = np.int64(y[b + 4 + j]) | ((lm >> 4) << 6)
         _put_f16(y, b, max_scale / np.float32(63.0))
         _put_f16(y, b + 2, max_min / np.float32(63.0))
         d, dmin = _get_f16(y, b), _get_f16(y, b + 2)
@@ -563,10 +570,10 @@ def quantize_row_q4_K_ref(x, y):
                 else:
                     q = max(0, min(15, nearest_int(iscale * (x[o + 32 * j + l] - xmin))))
                 k = b + 16 + 32 * (j // 2) + l
-                y[k] = q if j % 2 == 0 else y[k] | (q << 4)
+                y[k] = q if j % 2 == 0 else np.int64(y[k]) | (q << 4)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q4_K(x, y):
     """d*sc_j*q - dmin*m_j."""
     for i in range(y.shape[0] // QK_K):
@@ -577,11 +584,11 @@ def dequantize_row_q4_K(x, y):
             d1, m1 = d * np.float32(sc), dmin * np.float32(m)
             shift = 4 * (j % 2)
             for l in range(32):
-                q = (x[b + 16 + 32 * (j // 2) + l] >> shift) & 0xF
+                q = (np.int64(x[b + 16 + 32 * (j // 2) + l]) >> shift) & 0xF
                 y[o + 32 * j + l] = d1 * np.float32(q) - m1
 
 # %% book/01_types.ipynb #types-q6k
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def make_qx_quants(x, o, n, nmax):
     """ggml's make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) for x[o:o+n]: symmetric codes
     l in -nmax..nmax-1, scale by least squares with weights x**2, 18 trial inverse scales around
@@ -621,16 +628,17 @@ def make_qx_quants(x, o, n, nmax):
     return scale, best_iscale
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _put_q6(y, b, e, q):
     """OR the 6-bit code q of element e (0..255) into the ql/qh bytes of the block at y[b]."""
     h, r = e // 128, e % 128
     l, k = r % 32, r // 32
-    y[b + 64 * h + l + 32 * (k % 2)] |= (q & 0xF) << (4 * (k // 2))
-    y[b + 128 + 32 * h + l] |= (q >> 4) << (2 * k)
+    lo, hi = b + 64 * h + l + 32 * (k % 2), b + 128 + 32 * h + l
+    y[lo] = np.int64(y[lo]) | ((q & 0xF) << (4 * (k // 2)))
+    y[hi] = np.int64(y[hi]) | ((q >> 4) << (2 * k))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q6_K_ref(x, y):
     """block_q6_K = {u8 ql[128]; u8 qh[64]; i8 scales[16]; fp16 d}: 16 sub-blocks of 16,
     x ~ d*sc*(q-32) with 8-bit signed sc and 6-bit q."""
@@ -669,7 +677,7 @@ def quantize_row_q6_K_ref(x, y):
                 _put_q6(y, b, 16 * j + l, q)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q6_K(x, y):
     """d * sc * (q - 32)."""
     for i in range(y.shape[0] // QK_K):
@@ -678,8 +686,8 @@ def dequantize_row_q6_K(x, y):
         for e in range(QK_K):
             h, r = e // 128, e % 128
             l, k = r % 32, r // 32
-            lo = (x[b + 64 * h + l + 32 * (k % 2)] >> (4 * (k // 2))) & 0xF
-            hi = (x[b + 128 + 32 * h + l] >> (2 * k)) & 3
+            lo = (np.int64(x[b + 64 * h + l + 32 * (k % 2)]) >> (4 * (k // 2))) & 0xF
+            hi = (np.int64(x[b + 128 + 32 * h + l]) >> (2 * k)) & 3
             sc = np.float32(np.int8(x[b + 192 + e // 16]))
             y[o + e] = d * sc * np.float32((lo | (hi << 4)) - 32)
 
@@ -754,7 +762,7 @@ def _from_float(t: Type):
         x = _float32_array(x, where)
         if x.ndim != 1:
             raise GGMLError(f"{where}: expected one row (a 1-D array), got shape {x.shape}")
-        row_size(t, x.size)
+        _check_blocks(t, x.size, where)
         _check_finite(t, x, where)
         return _quantize_flat(t, x)
     return from_float
@@ -765,6 +773,7 @@ def _to_float(t: Type):
         """The first row_size(n) bytes of data -> float32[n] (ggml's to_float)."""
         where = f"to_float[{type_name(t)}]"
         data = _uint8_array(data, where)
+        _check_blocks(t, n, where)
         need = row_size(t, n)
         if data.size < need:
             raise GGMLError(f"{where}: {n} elements of {type_name(t)} need {need} bytes, got {data.size}")
@@ -821,6 +830,7 @@ def quantize_chunk(type, src) -> np.ndarray:
     if x.ndim not in (1, 2):
         raise GGMLError(f"{where}: expected shape (nrows, n_per_row), got {x.shape}")
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
+    _check_blocks(t, x2.shape[1], where)
     rs = row_size(t, x2.shape[1])
     _check_finite(t, x2, where)
     out = _quantize_flat(t, x2).reshape(x2.shape[0], rs)
@@ -834,9 +844,13 @@ def dequantize_rows(type, data, n_per_row: int) -> np.ndarray:
     where = f"dequantize_rows({type_name(t)})"
     _convertible(t, where)
     data = _uint8_array(data, where)
+    _check_blocks(t, n_per_row, where)
     rs = row_size(t, n_per_row)
-    if data.size % rs != 0 or (data.ndim == 2 and data.shape[1] != rs) or data.ndim > 2:
+    if data.ndim > 2 or (data.ndim == 2 and data.shape[1] != rs):
         raise GGMLError(f"{where}: {n_per_row} elements per row take {rs} bytes, but the data has "
-                        f"shape {data.shape} ({data.size} bytes, {data.size / rs:g} rows)")
+                        f"shape {data.shape} (pass shape (nrows, {rs}) or flat bytes)")
+    if data.size % rs != 0:
+        raise GGMLError(f"{where}: {data.size} bytes are not a whole number of rows of {rs} bytes "
+                        f"({n_per_row} elements of {type_name(t)} per row)")
     nrows = data.size // rs
     return _dequantize_flat(t, data.reshape(-1), nrows * n_per_row).reshape(nrows, n_per_row)

@@ -356,6 +356,8 @@ def test_bad_inputs_raise_with_numbers():
     q = ggml.quantize_chunk(Type.Q4_0, x)
     with pytest.raises(GGMLError, match=r"64 elements per row take 36 bytes, but the data has shape \(2, 35\)"):
         ggml.dequantize_rows(Type.Q4_0, q[:, :35], 64)
+    with pytest.raises(GGMLError, match=r"70 bytes are not a whole number of rows of 36 bytes"):
+        ggml.dequantize_rows(Type.Q4_0, q.reshape(-1)[:70], 64)
     with pytest.raises(GGMLError, match=r"uint8"):
         ggml.dequantize_rows(Type.Q4_0, q.astype(np.int16), 64)
     with pytest.raises(GGMLError, match=r"64 elements of q4_0 need 36 bytes, got 20"):

@@ -36,6 +36,9 @@ def inputs() -> dict[str, np.ndarray]:
         "small_ints": rng.integers(-8, 8, (4, n)).astype(np.float64),
         "tiny": rng.standard_normal((4, n)) * 1e-6,
         "huge": rng.standard_normal((4, n)) * 1e4,
+        "overflowing": rng.standard_normal((4, n)) * 1e12,   # x**2 sums overflow in Q6_K's search
+        "near_float_min": rng.standard_normal((4, n)) * 1e-38,  # 1/d overflows to inf
+        "beyond_fp16": rng.standard_normal((4, n)) * 1e6,      # fp16 scales overflow
         "mixed_scales": rng.standard_normal((4, n)) * np.repeat(10.0 ** rng.integers(-4, 3, (4, n // 16)), 16, axis=1),
         "constant": np.full((2, n), 0.75),
         "zeros": np.zeros((2, n)),
