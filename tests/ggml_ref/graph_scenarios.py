@@ -2,9 +2,9 @@
 
 Every scenario takes `G`, a module-like object with ggml's functions under their names without the
 `ggml_` prefix (`G.mul_mat(ctx, a, b)`) and `G.Type.F32`-style type ids, and returns
-`(ctx, graphs)`. `tests/ggml_ref/build_ref.py` runs them against real ggml (ggml-python) and
-writes what ggml computed to `expected.json`; `tests/test_graph.py` runs the very same calls
-against ggml_lite and compares. Nothing here touches tensor data.
+`(ctx, graphs)`. `tests/ggml_ref/graph_ref.py` runs them against real ggml (ggml-python) and
+writes what ggml computed to `tests/data/graph_ref.json`; `tests/test_graph.py` and
+`tests/test_ops.py` run the very same calls against ggml_lite and compare. Nothing here touches tensor data.
 """
 import math
 
@@ -227,6 +227,26 @@ def fits_exactly(G, n_tensors=5, graph_size=32):
     gf = G.new_graph_custom(ctx, graph_size, False)
     G.build_forward_expand(gf, y)
     return ctx, {"gf": gf}
+
+
+# Bad calls, as code run with G, T = G.Type and ctx = G.init(1 << 20, None, False) in scope.
+# graph_ref.py runs each in a child process (ggml aborts) and records the assertion; the tests
+# run them against ggml_lite and expect a GGMLError naming the same condition and numbers.
+BAD_CALLS = {
+    "add_shape": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,3,3); G.add(ctx,a,b)",
+    "mul_mat_shape": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,5,3); G.mul_mat(ctx,a,b)",
+    "mul_mat_transposed": "a=G.new_tensor_2d(ctx,T.F32,4,3); at=G.transpose(ctx,a); b=G.new_tensor_2d(ctx,T.F32,3,2); G.mul_mat(ctx,at,b)",
+    "reshape_noncontiguous": "a=G.new_tensor_2d(ctx,T.F32,4,3); at=G.transpose(ctx,a); G.reshape_1d(ctx,at,12)",
+    "view_out_of_bounds": "a=G.new_tensor_1d(ctx,T.F32,10); G.view_1d(ctx,a,8,12)",
+    "graph_full": "x=G.new_tensor_1d(ctx,T.F32,4); gf=G.new_graph_custom(ctx,4,False)\nfor _ in range(5): x=G.add(ctx,x,x)\nG.build_forward_expand(gf,x)",
+    "pool_exhausted": "c2=G.init(1024,None,False); G.new_tensor_1d(c2,T.F32,256)",
+    "get_rows_type": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_1d(ctx,T.F32,2); G.get_rows(ctx,a,b)",
+    "concat_shape": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,5,3); G.concat(ctx,a,b,1)",
+    "cpy_nelements": "a=G.new_tensor_1d(ctx,T.F32,4); b=G.new_tensor_1d(ctx,T.F16,5); G.cpy(ctx,a,b)",
+    "rope_positions": "a=G.new_tensor_3d(ctx,T.F32,8,2,3); p=G.new_tensor_1d(ctx,T.I32,4); G.rope(ctx,a,p,8,0)",
+    "soft_max_mask": "a=G.new_tensor_2d(ctx,T.F32,8,3); m=G.new_tensor_2d(ctx,T.F32,8,2); G.soft_max_ext(ctx,a,m,1.0,0.0)",
+}
+
 
 
 SCENARIOS = {

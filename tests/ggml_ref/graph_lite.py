@@ -1,4 +1,4 @@
-"""ggml_lite seen the way build_ref.py sees real ggml, so that the two descriptions compare field by field."""
+"""ggml_lite seen the way graph_ref.py sees real ggml, so that the two descriptions compare field by field."""
 import io
 import re
 
@@ -17,7 +17,7 @@ class Lite:
 
 
 def describe(ctx, graphs):
-    """The same record as build_ref.describe, from ggml_lite objects."""
+    """The same record as graph_ref.describe, from ggml_lite objects."""
     base = ctx.base
     tensors = list(ctx)
     index = {id(t): i for i, t in enumerate(tensors)}

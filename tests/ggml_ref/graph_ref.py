@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Run tests/ggml_ref/scenarios.py against real ggml and write what ggml computed to expected.json.
+"""Run tests/ggml_ref/graph_scenarios.py against real ggml; write what ggml computed to tests/data/graph_ref.json.
 
-The tests (tests/test_graph.py, tests/test_ops.py) read expected.json and never need ggml-python.
+The tests (tests/test_graph.py, tests/test_ops.py) read graph_ref.json and never need ggml-python.
 To re-run (about 1 minute to build ggml the first time):
 
     python3 -m venv /tmp/ggmlpy && /tmp/ggmlpy/bin/pip install ggml-python==0.0.45 numpy
-    GGML_NO_BACKTRACE=1 /tmp/ggmlpy/bin/python tests/ggml_ref/build_ref.py
+    GGML_NO_BACKTRACE=1 /tmp/ggmlpy/bin/python tests/ggml_ref/graph_ref.py
 
 ggml-python 0.0.45 bundles ggml 0.15.3. For every scenario this records, per tensor in creation
 order: name, type, op, ne, nb, the 16 op_params words, flags, src (as creation indices), view_src,
@@ -27,9 +27,9 @@ from pathlib import Path
 import ggml.ggml as g
 
 sys.path.insert(0, str(Path(__file__).parent))
-import scenarios  # noqa: E402
+import graph_scenarios as scenarios  # noqa: E402
 
-OUT = Path(__file__).parent / "expected.json"
+OUT = Path(__file__).parent.parent / "data" / "graph_ref.json"
 
 
 class _Types:
@@ -152,27 +152,11 @@ def describe(ctx, graphs):
             "tensors": out_tensors, "graphs": out_graphs}
 
 
-# each bad call in a child process: ggml aborts, and we keep the line that says why
-BAD_CALLS = {
-    "add_shape": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,3,3); G.add(ctx,a,b)",
-    "mul_mat_shape": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,5,3); G.mul_mat(ctx,a,b)",
-    "mul_mat_transposed": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,3,2); G.mul_mat(ctx,G.transpose(ctx,a),b)",
-    "reshape_noncontiguous": "a=G.new_tensor_2d(ctx,T.F32,4,3); G.reshape_1d(ctx,G.transpose(ctx,a),12)",
-    "view_out_of_bounds": "a=G.new_tensor_1d(ctx,T.F32,10); G.view_1d(ctx,a,8,12)",
-    "graph_full": "x=G.new_tensor_1d(ctx,T.F32,4); gf=G.new_graph_custom(ctx,4,False)\nfor _ in range(5): x=G.add(ctx,x,x)\nG.build_forward_expand(gf,x)",
-    "pool_exhausted": "c2=G.init(1024,None,False); G.new_tensor_1d(c2,T.F32,256)",
-    "get_rows_type": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_1d(ctx,T.F32,2); G.get_rows(ctx,a,b)",
-    "concat_shape": "a=G.new_tensor_2d(ctx,T.F32,4,3); b=G.new_tensor_2d(ctx,T.F32,5,3); G.concat(ctx,a,b,1)",
-    "cpy_nelements": "a=G.new_tensor_1d(ctx,T.F32,4); b=G.new_tensor_1d(ctx,T.F16,5); G.cpy(ctx,a,b)",
-    "rope_positions": "a=G.new_tensor_3d(ctx,T.F32,8,2,3); p=G.new_tensor_1d(ctx,T.I32,4); G.rope(ctx,a,p,8,0)",
-    "soft_max_mask": "a=G.new_tensor_2d(ctx,T.F32,8,3); m=G.new_tensor_2d(ctx,T.F32,8,2); G.soft_max_ext(ctx,a,m,1.0,0.0)",
-}
-
-
+# each bad call of graph_scenarios.BAD_CALLS in a child process: ggml aborts, we keep the lines that say why
 def bad_call_messages():
     out = {}
-    for name, code in BAD_CALLS.items():
-        prog = ("import sys; sys.path.insert(0, %r)\nfrom build_ref import GgmlPy\nG=GgmlPy(); T=G.Type\n"
+    for name, code in scenarios.BAD_CALLS.items():
+        prog = ("import sys; sys.path.insert(0, %r)\nfrom graph_ref import GgmlPy\nG=GgmlPy(); T=G.Type\n"
                 "ctx=G.init(1<<20,None,False)\n%s\n") % (str(Path(__file__).parent), code)
         env = dict(os.environ, GGML_NO_BACKTRACE="1")
         r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env)
