@@ -467,8 +467,8 @@ def draw_graph(cgraph, ax=None, title=None):
 
     members, level, pos = _layout(cgraph)
     index = {id(n): i for i, n in enumerate(cgraph.nodes)}
-    depth = max(level.values()) + 1
-    width = max(pos.values()) + 1
+    depth = max(level.values(), default=0) + 1
+    width = max(pos.values(), default=0) + 1
     if ax is None:
         _, ax = plt.subplots(figsize=(min(2.3 * width + 1, 16), 0.62 * depth + 0.8))
     ax.set_xlim(-0.6, width - 0.4)
