@@ -567,7 +567,12 @@ def get_name(t):
 
 
 def set_name(t, name):
-    """ggml_set_name: keep at most 63 bytes of name (ggml truncates silently); returns t."""
+    """ggml_set_name; returns t. Unlike ggml, which cuts a name silently, a name longer than
+    63 bytes (GGML_MAX_NAME - 1) raises GGMLError and leaves t's name as it was."""
+    n = len(str(name).encode("utf-8"))
+    if n > MAX_NAME - 1:
+        raise GGMLError(f"set_name: the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
+                        f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
     t.name = name
     return t
 

@@ -308,7 +308,7 @@ def test_views_pool_total_and_names():
     ctx = ggml.init(1 << 20)
     make_views(ctx)
     long = ggml.new_tensor_1d(ctx, F32, 4)
-    ggml.set_name(long, "x" * 80)
+    long.name = "x" * 80            # ggml_set_name would cut; here only the attribute cuts
     assert long.name == "x" * 63                                       # ggml: 63 x's
     assert ggml.view_tensor(ctx, long).name == "x" * 63                # ggml: " (view)" cut off
     ggml.set_name(long, "y" * 60)
@@ -390,8 +390,15 @@ def test_names():
     assert ggml.get_name(t) == "blk.12.attn_k.weight"
     assert ggml.get_tensor(ctx, "blk.12.attn_k.weight") is t
     assert ggml.get_tensor(ctx, "nope") is None
-    ggml.set_name(t, "é" * 40)                         # 80 UTF-8 bytes: cut at 63, no half character
+    t.name = "é" * 40                                  # 80 UTF-8 bytes: cut at 63, no half character
     assert t.name == "é" * 31 and len(t.name.encode()) == 62
+    # set_name refuses what ggml would cut, and leaves the old name
+    ggml.set_name(t, "w")
+    with pytest.raises(ggml.GGMLError, match=r"is 64 bytes; a tensor name holds at most 63"):
+        ggml.set_name(t, "n" * 64)
+    assert t.name == "w"
+    ggml.set_name(t, "n" * 63)
+    assert t.name == "n" * 63
     t.name = "z" * 100
     assert t.name == "z" * 63
 
