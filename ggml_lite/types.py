@@ -679,17 +679,19 @@ def quantize_row_q6_K_ref(x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q6_K(x, y):
-    """d * sc * (q - 32)."""
+    """d * sc * (q - 32), in ggml's loop order: each half of 128 values takes 64 ql, 32 qh bytes."""
     for i in range(y.shape[0] // QK_K):
         o, b = i * QK_K, i * 210
         d = _get_f16(x, b + 208)
-        for e in range(QK_K):
-            h, r = e // 128, e % 128
-            l, k = r % 32, r // 32
-            lo = (np.int64(x[b + 64 * h + l + 32 * (k % 2)]) >> (4 * (k // 2))) & 0xF
-            hi = (np.int64(x[b + 128 + 32 * h + l]) >> (2 * k)) & 3
-            sc = np.float32(np.int8(x[b + 192 + e // 16]))
-            y[o + e] = d * sc * np.float32((lo | (hi << 4)) - 32)
+        for h in range(2):
+            ql, qh, sc, out = b + 64 * h, b + 128 + 32 * h, b + 192 + 8 * h, o + 128 * h
+            for l in range(32):
+                lo0, lo1, hi = np.int64(x[ql + l]), np.int64(x[ql + l + 32]), np.int64(x[qh + l])
+                s = l // 16
+                y[out + l] = d * np.float32(np.int8(x[sc + s])) * np.float32(((lo0 & 0xF) | ((hi & 3) << 4)) - 32)
+                y[out + l + 32] = d * np.float32(np.int8(x[sc + s + 2])) * np.float32(((lo1 & 0xF) | (((hi >> 2) & 3) << 4)) - 32)
+                y[out + l + 64] = d * np.float32(np.int8(x[sc + s + 4])) * np.float32(((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32)
+                y[out + l + 96] = d * np.float32(np.int8(x[sc + s + 6])) * np.float32(((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32)
 
 # %% book/01_types.ipynb #types-traits
 # The numba row functions of each type: (from_float row, to_float row). F16/BF16 rows work on
