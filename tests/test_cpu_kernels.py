@@ -1,0 +1,814 @@
+"""The CPU kernels (book/05_cpu_kernels.ipynb) against independent numpy references.
+
+Shapes are test-backend-ops' defaults (ggml-notes §10), written in ggml's ne order and reversed
+into numpy shapes. Every kernel runs with nth = 1..4 "threads" played one after the other; the
+partition tests run each thread alone on a NaN-filled output and check that the shares are
+disjoint, cover everything, and are the rows ggml gives that thread. The quantized dots are
+checked against gguf's numpy dequantizers (an implementation independent of ggml_lite's) and
+small numpy decoders of the activation formats written here.
+"""
+import math
+import threading
+
+import gguf
+import numpy as np
+import pytest
+
+from ggml_lite.backends.cpu import kernels as K
+from ggml_lite.backends.cpu import vec as V
+from ggml_lite.core import GGMLError
+from ggml_lite.types import Type, fp32_to_bf16_array, quantize_chunk, row_size
+
+RNG = np.random.default_rng(1234)
+NTH = (1, 2, 3, 4)
+F16 = np.float16
+
+
+def U(*ne, lo=-1.0, hi=1.0):
+    return RNG.uniform(lo, hi, ne[::-1]).astype(np.float32)
+
+
+def nmse(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(((got - ref) ** 2).sum() / (ref ** 2).sum())
+
+
+def bf16_values(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+OUT = "<out>"   # where the output goes in an argument list
+
+
+def run_threads(kernel, args, out, nth, **kw):
+    for ith in range(nth):
+        kernel(*[out if a is OUT else a for a in args], ith=ith, nth=nth, **kw)
+    return out
+
+
+def assert_close(kernel, args, like, ref, limit=1e-7, **kw):
+    """args has OUT where the output goes; like gives the output's shape and dtype."""
+    for nth in NTH:
+        out = run_threads(kernel, args, np.full(like.shape, np.nan, like.dtype), nth, **kw)
+        assert not np.isnan(out.astype(np.float32)).any(), (kernel.__name__, nth)
+        err = nmse(out, ref)
+        assert err <= limit, (kernel.__name__, nth, err)
+
+
+# --- partitions --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nr", [0, 1, 5, 10, 17])
+@pytest.mark.parametrize("nth", [1, 2, 3, 4, 7])
+def test_get_thread_range_covers_rows_once(nr, nth):
+    ranges = [K.get_thread_range(nr, ith, nth) for ith in range(nth)]
+    rows = [r for a, b in ranges for r in range(a, b)]
+    assert rows == list(range(nr))
+    dr = -(-nr // nth)
+    for ith, (a, b) in enumerate(ranges):
+        assert (a, b) == (min(dr * ith, nr), min(dr * ith + dr, nr))
+
+
+def block_owner(nrows, nth):
+    dr = -(-nrows // nth)
+    return np.arange(nrows) // dr if dr else np.zeros(0, int)
+
+
+ROW_OPS = {
+    # name: (call(src, out, ith, nth), pattern): pattern "block" over all rows, "strided" per matrix
+    "add": (lambda x, o, i, n: K.forward_add(x, x[:, :, :1], o, i, n), "block"),
+    "scale": (lambda x, o, i, n: K.forward_scale(x, o, 3.0, 0.0, i, n), "block"),
+    "silu": (lambda x, o, i, n: K.forward_silu(x, o, i, n), "block"),
+    "gelu": (lambda x, o, i, n: K.forward_gelu(x, o, i, n), "block"),
+    "rope": (lambda x, o, i, n: K.forward_rope(x, np.arange(x.shape[1], dtype=np.int32), o, 4, 0, ith=i, nth=n), "block"),
+    "rms_norm": (lambda x, o, i, n: K.forward_rms_norm(x, o, 1e-6, i, n), "strided"),
+    "norm": (lambda x, o, i, n: K.forward_norm(x, o, 1e-6, i, n), "strided"),
+    "soft_max": (lambda x, o, i, n: K.forward_soft_max(x, None, o, 1.0, 0.0, i, n), "strided"),
+    "diag_mask_inf": (lambda x, o, i, n: K.forward_diag_mask_inf(x, o, 2, i, n), "strided"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_OPS))
+@pytest.mark.parametrize("nth", NTH)
+def test_each_thread_writes_exactly_its_rows(name, nth):
+    call, pattern = ROW_OPS[name]
+    x = U(8, 5, 3, 2)
+    ne3, ne2, ne1 = x.shape[:3]
+    rows = np.arange(ne3 * ne2 * ne1).reshape(ne3, ne2, ne1)
+    expect = block_owner(rows.size, nth)[rows] if pattern == "block" else rows % ne1 % nth
+    written = np.zeros(rows.shape, bool)
+    for ith in range(nth):
+        out = np.full_like(x, np.nan)
+        call(x, out, ith, nth)
+        mine = ~np.isnan(out).all(axis=3)
+        assert (~np.isnan(out[mine])).all(), "a row is written whole or not at all"
+        assert np.array_equal(mine, expect == ith), (name, ith)
+        assert not (written & mine).any()
+        written |= mine
+    assert written.all()
+
+
+@pytest.mark.parametrize("nth", NTH)
+def test_thread_zero_only_ops(nth):
+    x = U(10, 5, 4, 3)
+    for ith in range(1, nth):
+        for kernel, out in ((K.forward_sum, np.full((1, 1, 1, 1), np.nan, np.float32)),
+                            (K.forward_sum_rows, np.full((3, 4, 5, 1), np.nan, np.float32)),
+                            (K.forward_mean, np.full((3, 4, 5, 1), np.nan, np.float32)),
+                            (K.forward_repeat, np.full((3, 4, 10, 20), np.nan, np.float32))):
+            kernel(x if kernel is not K.forward_repeat else x[:1, :1], out, ith, nth)
+            assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("nth", NTH)
+def test_get_rows_concat_dup_partitions_are_disjoint_and_complete(nth):
+    cases = [
+        (lambda o, i, n: K.forward_get_rows(U(16, 5, 3, 2)[:, :, :, :], np.tile(np.arange(4, dtype=np.int32), (1, 2, 3, 1)), o, i, n),
+         (2, 3, 4, 16)),
+        (lambda o, i, n: K.forward_concat(A5, B5, o, 2, i, n), (5, 8, 5, 10)),
+        (lambda o, i, n: K.forward_dup(X10.transpose(0, 1, 3, 2), o, i, n), (1, 10, 10, 10)),
+    ]
+    for call, shape in cases:
+        written = np.zeros(shape, int)
+        for ith in range(nth):
+            out = np.full(shape, np.nan, np.float32)
+            call(out, ith, nth)
+            written += ~np.isnan(out)
+        assert (written == 1).all()
+
+
+A5, B5, X10 = U(10, 5, 5, 5), U(10, 5, 3, 5), U(10, 10, 10, 1)
+
+
+# --- binary ops, broadcasting, types ----------------------------------------------------------
+
+BROADCAST = [((10, 10, 1, 1), (10, 5, 1, 1)),      # test-backend-ops: nr [1,2,1,1]
+             ((10, 10, 1, 1), (10, 10, 1, 1)),
+             ((16, 10, 10, 10), (16, 1, 1, 1)),
+             ((16, 10, 10, 10), (1, 10, 1, 1)),
+             ((16, 10, 10, 10), (1, 1, 10, 10)),
+             ((16, 10, 10, 10), (8, 5, 2, 5)),
+             ((7, 3, 2, 2), (1, 1, 1, 1))]
+
+
+@pytest.mark.parametrize("ne_a,ne_b", BROADCAST)
+def test_binary_ops_broadcast_by_modulo(ne_a, ne_b):
+    a, b = U(*ne_a), U(*ne_b, lo=0.5, hi=1.5)
+    reps = tuple(n // m for n, m in zip(a.shape, b.shape))
+    bb = np.tile(b, reps).astype(np.float64)
+    for kernel, op in ((K.forward_add, np.add), (K.forward_sub, np.subtract),
+                       (K.forward_mul, np.multiply), (K.forward_div, np.divide)):
+        assert_close(kernel, (a, b, OUT), a, op(a.astype(np.float64), bb))
+
+
+def test_binary_ops_on_a_strided_view():
+    big = U(20, 6, 4, 1)
+    a = big[:, ::2, :, ::2]                            # every other row and element
+    b = U(10, 1, 1, 1)
+    assert_close(K.forward_add, (a, b, OUT), np.empty(a.shape, np.float32), a.astype(np.float64) + b)
+
+
+@pytest.mark.parametrize("types", [("f16", "f16", "f16"), ("bf16", "bf16", "bf16"), ("f16", "f32", "f16"),
+                                   ("f16", "f32", "f32"), ("bf16", "f32", "bf16"), ("bf16", "f32", "f32")])
+def test_binary_type_triples(types):
+    a32, b32 = U(32, 4, 2, 1), U(32, 1, 1, 1)
+    store = {"f32": lambda v: v, "f16": lambda v: v.astype(F16), "bf16": fp32_to_bf16_array}
+    value = {"f32": lambda v: v, "f16": lambda v: v.astype(np.float32), "bf16": bf16_values}
+    ta, tb, td = types
+    a, b = store[ta](a32), store[tb](b32)
+    out = np.zeros(a.shape, {"f32": np.float32, "f16": F16, "bf16": np.uint16}[td])
+    K.forward_mul(a, b, out)
+    exact = value[ta](a).astype(np.float64) * value[tb](b).astype(np.float64)
+    ref = value[td](store[td](exact.astype(np.float32)))
+    assert np.array_equal(value[td](out), ref)
+
+
+def test_binary_rejects_bad_types_and_shapes():
+    with pytest.raises(GGMLError, match="unsupported types"):
+        K.forward_add(U(4, 1, 1, 1), U(4, 1, 1, 1).astype(F16), np.zeros((1, 1, 1, 4), np.float32))
+    with pytest.raises(GGMLError, match="cannot be repeated"):
+        K.forward_add(U(10, 1, 1, 1), U(3, 1, 1, 1), np.zeros((1, 1, 1, 10), np.float32))
+
+
+def test_div_by_zero_gives_inf_like_c():
+    out = np.zeros((1, 1, 1, 2), np.float32)
+    K.forward_div(np.array([[[[1.0, -1.0]]]], np.float32), np.zeros((1, 1, 1, 1), np.float32), out)
+    assert out.ravel().tolist() == [np.inf, -np.inf]
+
+
+# --- unary, glu, scale, norms -------------------------------------------------------------------
+
+def test_scale_and_scale_bias():
+    x = U(10, 10, 10, 10)
+    assert_close(K.forward_scale, (x, OUT, 2.0), x, 2.0 * x.astype(np.float64))
+    assert_close(K.forward_scale, (x, OUT, 2.0, -0.25), x, 2.0 * x.astype(np.float64) - 0.25)
+
+
+def test_silu_f32_and_f16():
+    x = U(128, 2, 2, 2, lo=-6, hi=6)
+    xd = x.astype(np.float64)
+    assert_close(K.forward_silu, (x, OUT), x, xd / (1 + np.exp(-xd)))
+    h = x.astype(F16)
+    hd = h.astype(np.float64)
+    assert_close(K.forward_silu, (h, OUT), h, hd / (1 + np.exp(-hd)), limit=1e-6)
+
+
+def gelu64(x):
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * x * (1 + 0.044715 * x * x)))
+
+
+def test_gelu_has_fp16_precision_like_ggml():
+    x = U(128, 2, 2, 2, lo=-12, hi=12)
+    out = np.empty_like(x)
+    K.forward_gelu(x, out)
+    inside = np.abs(x) < 10
+    # below -10: 0, above 10: x itself
+    assert (out[x <= -10] == 0).all() and np.array_equal(out[x >= 10], x[x >= 10])
+    # inside: ggml's float32 formula at fp16(x), rounded to fp16 (the table's entry), give or take
+    # one fp16 ulp for tanhf's own rounding
+    h = x[inside].astype(F16).astype(np.float32)
+    f32 = np.float32
+    want = (f32(0.5) * h * (f32(1) + np.tanh(f32(0.7978845608028654) * h * (f32(1) + f32(0.044715) * h * h)))).astype(F16)
+    got = out[inside].astype(F16)
+    assert np.array_equal(got.astype(np.float32), out[inside])          # the result is an fp16 value
+    ulps = np.abs(got.view(np.int16).astype(int) - want.view(np.int16).astype(int))
+    assert ulps.max() <= 1 and (ulps == 0).mean() > 0.99
+    assert nmse(out, gelu64(x)) < 1e-6
+
+
+def test_gelu_f16_reads_the_table_by_bits():
+    h = U(128, 2, 1, 1, lo=-5, hi=5).astype(F16)
+    out = np.empty_like(h)
+    K.forward_gelu(h, out)
+    assert nmse(out, gelu64(h)) < 1e-6
+    big = np.array([[[[-12.0, 12.0]]]], F16)             # no thresholds for F16: the table's entries
+    K.forward_gelu(big, out[:1, :1, :1, :2])
+    assert out[0, 0, 0, :2].tolist() == [0.0, 12.0]
+
+
+def test_swiglu_split_fused_and_swapped():
+    g, v = U(10, 5, 4, 3), U(10, 5, 4, 3)
+    gd, vd = g.astype(np.float64), v.astype(np.float64)
+    silu = lambda t: t / (1 + np.exp(-t))
+    assert_close(K.forward_swiglu, (g, v, OUT), g, silu(gd) * vd)
+    gv = np.concatenate([g, v], axis=3)
+    assert_close(K.forward_swiglu, (gv, None, OUT), g, silu(gd) * vd)
+    assert_close(K.forward_swiglu, (gv, None, OUT, True), g, silu(vd) * gd)
+
+
+def test_rms_norm_and_norm():
+    x = U(64, 5, 4, 3)
+    xd = x.astype(np.float64)
+    assert_close(K.forward_rms_norm, (x, OUT, 1e-6), x, xd / np.sqrt((xd ** 2).mean(3, keepdims=True) + 1e-6))
+    assert_close(K.forward_norm, (x, OUT, 1e-6), x,
+                 (xd - xd.mean(3, keepdims=True)) / np.sqrt(xd.var(3, keepdims=True) + 1e-6))
+    long = U(4096, 3, 1, 1, lo=10, hi=11)               # a long row far from zero
+    out = np.empty_like(long)
+    K.forward_norm(long, out, 1e-5)
+    ld = long.astype(np.float64)
+    assert nmse(out, (ld - ld.mean(3, keepdims=True)) / np.sqrt(ld.var(3, keepdims=True) + 1e-5)) < 1e-7
+    with pytest.raises(GGMLError, match="eps"):
+        K.forward_rms_norm(x, np.empty_like(x), -1.0)
+
+
+# --- soft_max -----------------------------------------------------------------------------------
+
+def softmax64(x, mask, scale, max_bias):
+    n_head = x.shape[1]
+    slopes = np.ones(n_head)
+    if max_bias > 0:
+        l2 = 2 ** math.floor(math.log2(n_head))
+        m0, m1 = 2 ** (-max_bias / l2), 2 ** (-max_bias / 2 / l2)
+        slopes = np.array([m0 ** (h + 1) if h < l2 else m1 ** (2 * (h - l2) + 1) for h in range(n_head)])
+    w = x.astype(np.float64) * scale
+    if mask is not None:
+        m = mask.astype(np.float64)[:, :, :x.shape[2], :]
+        m = np.tile(m, (x.shape[0] // m.shape[0], x.shape[1] // m.shape[1], 1, 1))
+        w = w + slopes[None, :, None, None] * m
+    e = np.exp(w - w.max(3, keepdims=True))
+    return e / e.sum(3, keepdims=True)
+
+
+@pytest.mark.parametrize("mask_ne,mask_type,scale,max_bias", [
+    (None, None, 1.0, 0.0), ((10, 5, 1, 1), np.float32, 0.5, 0.0), ((10, 5, 1, 1), F16, 1.0, 8.0),
+    ((10, 7, 4, 3), np.float32, 0.125, 0.0), ((10, 5, 2, 1), F16, 2.0, 0.0), ((10, 5, 4, 1), np.float32, 1.0, 4.0)])
+def test_soft_max(mask_ne, mask_type, scale, max_bias):
+    x = U(10, 5, 4, 3)                                  # test-backend-ops: soft_max [10,5,4,3]
+    mask = None if mask_ne is None else U(*mask_ne).astype(mask_type)
+    if mask is not None:
+        mask[..., 8:] = -np.inf
+    assert_close(K.forward_soft_max, (x, mask, OUT, scale, max_bias), x, softmax64(x, mask, scale, max_bias), limit=1e-6)
+
+
+def test_soft_max_alibi_needs_a_mask_and_mask_must_fit():
+    x = U(10, 5, 4, 3)
+    with pytest.raises(GGMLError, match="ALiBi"):
+        K.forward_soft_max(x, None, np.empty_like(x), 1.0, 8.0)
+    with pytest.raises(GGMLError, match="does not fit"):
+        K.forward_soft_max(x, U(9, 5, 1, 1), np.empty_like(x))
+
+
+# --- rope ---------------------------------------------------------------------------------------
+
+def rope64(x, pos, n_dims, mode, ff=None, n_ctx_orig=0, base=10000.0, freq_scale=1.0, ext_factor=0.0,
+           attn_factor=1.0, beta_fast=32.0, beta_slow=1.0):
+    x = x.astype(np.float64)
+    y = x.copy()
+
+    def corr(n_rot):
+        if not n_ctx_orig:
+            return -math.inf
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+    low, high = max(0.0, np.floor(corr(beta_fast))), min(n_dims - 1.0, np.ceil(corr(beta_slow)))
+    k = np.arange(n_dims // 2)
+    for i2, p in enumerate(pos):
+        extrap = p * base ** (-2.0 * k / n_dims) / (ff[:n_dims // 2] if ff is not None else 1.0)
+        theta, mscale = freq_scale * extrap, attn_factor
+        if ext_factor:
+            ramp = (1 - np.clip((k - low) / max(0.001, high - low), 0, 1)) * ext_factor
+            theta = theta * (1 - ramp) + extrap * ramp
+            mscale *= 1 + 0.1 * math.log(1 / freq_scale)
+        c, s = np.cos(theta) * mscale, np.sin(theta) * mscale
+        i, j = (2 * k, 2 * k + 1) if mode == 0 else (k, k + n_dims // 2)
+        xv, yv = x[:, i2], y[:, i2]                     # (ne3, ne1, ne0) views of token i2
+        x0, x1 = xv[..., i], xv[..., j]
+        yv[..., i], yv[..., j] = x0 * c - x1 * s, x0 * s + x1 * c
+    return y
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope_default_shape(mode):
+    x = U(10, 5, 3, 1)                                  # test-backend-ops: rope [10,5,3,1], n_dims 10
+    pos = np.array([0, 3, 1000], np.int32)
+    assert_close(K.forward_rope, (x, pos, OUT, 10, mode), x, rope64(x, pos, 10, mode))
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope_partial_dims_freq_factors_yarn(mode):
+    x, pos = U(64, 4, 5, 2), RNG.integers(0, 20000, 5).astype(np.int32)
+    ff = RNG.uniform(1, 8, 32).astype(np.float32)
+    kw = dict(n_ctx_orig=4096, freq_base=500000.0, freq_scale=0.125, ext_factor=1.0, attn_factor=0.9,
+              beta_fast=32.0, beta_slow=1.0)
+    ref = rope64(x, pos, 48, mode, ff, 4096, 500000.0, 0.125, 1.0, 0.9, 32.0, 1.0)
+    assert_close(K.forward_rope, (x, pos, OUT, 48, mode, ff), x, ref, **kw)
+    out = np.empty_like(x)
+    K.forward_rope(x, pos, out, 48, mode, ff, **kw)
+    assert np.array_equal(out[..., 48:], x[..., 48:])   # the dims past n_dims pass through
+
+
+def test_rope_f16_and_theta_recurrence():
+    x = U(128, 2, 3, 1).astype(F16)
+    pos = np.array([5, 900, 8191], np.int32)
+    out = np.empty_like(x)
+    K.forward_rope(x, pos, out, 128, 2)
+    assert nmse(out, rope64(x, pos, 128, 2)) < 1e-6
+    # ggml's float32 theta recurrence, replayed in numpy float32, agrees closely with the kernel
+    x32 = U(128, 1, 1, 1)
+    out32 = np.empty_like(x32)
+    K.forward_rope(x32, np.array([8191], np.int32), out32, 128, 2)
+    theta, ts = np.float32(8191), np.float32(10000.0) ** (np.float32(-2.0) / np.float32(128))
+    thetas = []
+    for _ in range(64):
+        thetas.append(theta)
+        theta = np.float32(theta * ts)
+    th = np.array(thetas, np.float64)
+    x0, x1 = x32[0, 0, 0, :64].astype(np.float64), x32[0, 0, 0, 64:].astype(np.float64)
+    replay = np.concatenate([x0 * np.cos(th) - x1 * np.sin(th), x0 * np.sin(th) + x1 * np.cos(th)])
+    assert np.abs(out32.ravel() - replay).max() < 1e-5
+
+
+def test_rope_errors():
+    x = U(10, 5, 3, 1)
+    with pytest.raises(GGMLError, match="mode"):
+        K.forward_rope(x, np.zeros(3, np.int32), np.empty_like(x), 10, 8)
+    with pytest.raises(GGMLError, match="pos"):
+        K.forward_rope(x, np.zeros(2, np.int32), np.empty_like(x), 10, 0)
+    with pytest.raises(GGMLError, match="n_dims"):
+        K.forward_rope(x, np.zeros(3, np.int32), np.empty_like(x), 11, 0)
+
+
+# --- diag_mask, concat, reductions, repeat ------------------------------------------------------
+
+def test_diag_mask_inf_out_of_place_and_in_place():
+    x = U(10, 10, 3, 2)
+    ref = x.copy()
+    i = np.arange(10)
+    ref[..., i[None, :] > 5 + i[:, None]] = -np.inf
+    for nth in NTH:
+        out = run_threads(K.forward_diag_mask_inf, (x, OUT, 5), np.full_like(x, np.nan), nth)
+        assert np.array_equal(out, ref)
+        y = x.copy()
+        run_threads(K.forward_diag_mask_inf, (y, OUT, 5), y, nth)
+        assert np.array_equal(y, ref)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_concat_every_dim(dim):
+    a = U(10, 5, 5, 5)                                  # test-backend-ops: concat [10,5,5,5]
+    ne_b = [10, 5, 5, 5]
+    ne_b[dim] = 3
+    b = U(*ne_b)
+    ref = np.concatenate([a, b], axis=3 - dim)
+    assert_close(K.forward_concat, (a, b, OUT, dim), ref, ref)
+    h = np.empty(ref.shape, F16)
+    K.forward_concat(a.astype(F16), b.astype(F16), h, dim)
+    assert np.array_equal(h, ref.astype(F16))
+
+
+def test_sum_sum_rows_mean_repeat():
+    x = U(10, 5, 4, 3)
+    xd = x.astype(np.float64)
+    assert_close(K.forward_sum, (x, OUT), np.empty((1, 1, 1, 1), np.float32), xd.sum().reshape(1, 1, 1, 1))
+    assert_close(K.forward_sum_rows, (x, OUT), np.empty((3, 4, 5, 1), np.float32), xd.sum(3, keepdims=True))
+    assert_close(K.forward_mean, (x, OUT), np.empty((3, 4, 5, 1), np.float32), xd.mean(3, keepdims=True))
+    h = np.empty((1, 1, 1, 1), F16)
+    K.forward_sum(x.astype(F16), h)
+    assert abs(float(h[0, 0, 0, 0]) - x.astype(F16).astype(np.float64).sum()) < 1e-2
+    a = U(10, 5, 1, 1)
+    assert_close(K.forward_repeat, (a, OUT), np.empty((3, 4, 10, 20), np.float32), np.tile(a, (3, 4, 2, 2)))
+    i32 = np.arange(6, dtype=np.int32).reshape(1, 1, 2, 3)
+    o32 = np.empty((2, 1, 4, 6), np.int32)
+    K.forward_repeat(i32, o32)
+    assert np.array_equal(o32, np.tile(i32, (2, 1, 2, 2)))
+
+
+# --- get_rows and dup -------------------------------------------------------------------------
+
+QTYPES = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K]
+GGUF = {Type.Q4_0: gguf.GGMLQuantizationType.Q4_0, Type.Q4_1: gguf.GGMLQuantizationType.Q4_1,
+        Type.Q8_0: gguf.GGMLQuantizationType.Q8_0, Type.Q4_K: gguf.GGMLQuantizationType.Q4_K,
+        Type.Q6_K: gguf.GGMLQuantizationType.Q6_K}
+
+
+def gguf_dequant(t, q, n):
+    return gguf.quants.dequantize(q.reshape(-1, row_size(t, n)), GGUF[t]).reshape(q.shape[:-1] + (n,))
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.BF16] + QTYPES)
+def test_get_rows_every_type(t):
+    n = 10 if t in (Type.F32, Type.F16, Type.BF16) else (32 if t in (Type.Q4_0, Type.Q4_1, Type.Q8_0) else 256)
+    w = U(n, 5, 3, 1)                                   # test-backend-ops: n=10, m=5, r=3 (b=3 matrices)
+    if t == Type.F32:
+        a, values = w, w
+    elif t == Type.F16:
+        a, values = w.astype(F16), w.astype(F16).astype(np.float32)
+    elif t == Type.BF16:
+        a = fp32_to_bf16_array(w)
+        values = bf16_values(a)
+    else:
+        a = quantize_chunk(t, w.reshape(-1, n)).reshape(1, 3, 5, -1)
+        values = gguf_dequant(t, a, n)
+    idx = RNG.integers(0, 5, (1, 1, 3, 4)).astype(np.int32)   # 4 indices per matrix
+    ref = np.stack([values[0, i11][idx[0, 0, i11]] for i11 in range(3)])[None]
+    assert_close(K.forward_get_rows, (a, idx, OUT), np.empty((1, 3, 4, n), np.float32), ref,
+                 limit=0 if t != Type.Q4_K else 1e-12, src0_type=t)
+
+
+def test_get_rows_index_out_of_range():
+    with pytest.raises(GGMLError, match=r"row index -1 at src1\[2, 0, 0\] is out of range \[0, 5\)"):
+        K.forward_get_rows(U(10, 5, 1, 1), np.array([[[[0, 1, -1]]]], np.int32), np.empty((1, 1, 3, 10), np.float32))
+
+
+@pytest.mark.parametrize("src_dt,dst_dt", [(np.float32, F16), (F16, np.float32), (np.float32, np.uint16),
+                                           (np.uint16, np.float32), (F16, F16), (np.float32, np.float32)])
+def test_dup_between_float_types_in_logical_order(src_dt, dst_dt):
+    x = U(10, 10, 10, 1)                                # test-backend-ops: cpy [10,10,10,1]
+    src = fp32_to_bf16_array(x) if src_dt == np.uint16 else x.astype(src_dt)
+    val = bf16_values(src) if src_dt == np.uint16 else src.astype(np.float32)
+    for view in (src, src.transpose(0, 1, 3, 2), src.transpose(0, 2, 1, 3)):
+        vview = bf16_values(view) if src_dt == np.uint16 else view.astype(np.float32)
+        for shape in (view.shape, (1, 1, 1, 1000), (1, 4, 5, 50)):
+            for nth in NTH:
+                out = np.zeros(shape, dst_dt)
+                run_threads(K.forward_dup, (view, OUT), out, nth)
+                flat = vview.reshape(-1)
+                want = fp32_to_bf16_array(flat) if dst_dt == np.uint16 else flat.astype(dst_dt)
+                assert np.array_equal(out.reshape(-1), want)
+    del val
+
+
+@pytest.mark.parametrize("t", QTYPES)
+def test_dup_to_and_from_quantized(t):
+    n = 256
+    x = U(n, 4, 3, 1)
+    q = np.zeros((1, 3, 4, row_size(t, n)), np.uint8)
+    for nth in NTH:
+        q[:] = 0
+        w = np.empty(n, np.float32)
+        run_threads(K.forward_dup, (x, OUT), q, nth, dst_type=t, wdata=w)
+        assert np.array_equal(q.reshape(12, -1), quantize_chunk(t, x.reshape(12, n)))
+        back = run_threads(K.forward_dup, (q, OUT), np.full_like(x, np.nan), nth, src0_type=t)
+        assert np.array_equal(back, gguf_dequant(t, q, n)) if t != Type.Q4_K else nmse(back, gguf_dequant(t, q, n)) < 1e-12
+    # F16 source, and a non-contiguous destination of whole blocks
+    qh = np.zeros_like(q)
+    K.forward_dup(x.astype(F16), qh, dst_type=t)
+    assert np.array_equal(qh.reshape(12, -1), quantize_chunk(t, x.astype(F16).astype(np.float32).reshape(12, n)))
+    wide = np.full((1, 3, 4, 2 * n), np.nan, np.float32)
+    K.forward_dup(q, wide[..., :n], src0_type=t)
+    assert np.isnan(wide[..., n:]).all() and not np.isnan(wide[..., :n]).any()
+
+
+def test_dup_same_type_quantized_copies_blocks():
+    t = Type.Q8_0
+    q = quantize_chunk(t, U(64, 6, 1, 1).reshape(6, 64)).reshape(1, 1, 6, -1)
+    perm = q[:, :, ::-1]                                # rows reversed: not contiguous
+    out = np.zeros((1, 1, 6, q.shape[3]), np.uint8)
+    for nth in NTH:
+        out[:] = 0
+        run_threads(K.forward_dup, (perm, OUT), out, nth, src0_type=t, dst_type=t)
+        assert np.array_equal(out, perm)
+    flat = np.zeros(q.size, np.uint8).reshape(1, 1, 1, -1)
+    run_threads(K.forward_dup, (q, OUT), flat, 3, src0_type=t, dst_type=t)
+    assert np.array_equal(flat.ravel(), q.ravel())
+
+
+def test_dup_errors():
+    with pytest.raises(GGMLError, match="elements"):
+        K.forward_dup(U(10, 1, 1, 1), np.zeros((1, 1, 1, 11), np.float32))
+    with pytest.raises(GGMLError, match="not supported"):
+        K.forward_dup(quantize_chunk(Type.Q8_0, U(32)).reshape(1, 1, 1, -1), np.zeros((1, 1, 1, 32), F16),
+                      src0_type=Type.Q8_0)
+
+
+# --- the dot products ---------------------------------------------------------------------------
+
+def q8_0_values(b):
+    blocks = b.reshape(-1, 34)
+    return (blocks[:, 2:].view(np.int8).astype(np.float64) * blocks[:, :2].copy().view(F16).astype(np.float64)).ravel()
+
+
+def q8_1_parts(b):
+    blocks = b.reshape(-1, 36)
+    d = blocks[:, :2].copy().view(F16).astype(np.float64).ravel()
+    s = blocks[:, 2:4].copy().view(F16).astype(np.float64).ravel()
+    return d, s, blocks[:, 4:].view(np.int8).astype(np.float64)
+
+
+def q8_K_values(b):
+    blocks = b.reshape(-1, 292)
+    d = blocks[:, :4].copy().view(np.float32).astype(np.float64)
+    q = blocks[:, 4:260].view(np.int8).astype(np.int64)
+    bsums = blocks[:, 260:].copy().view(np.int16).astype(np.int64)
+    assert np.array_equal(bsums, q.reshape(-1, 16, 16).sum(2)), "q8_K bsums are the sums of 16 codes"
+    return (q * d).ravel()
+
+
+def dot64(t, n, x, y):
+    """An independent float64 dot: gguf's dequantizer for the weights, numpy for the activations."""
+    if t == Type.Q4_1:
+        xb = x.reshape(-1, 20)
+        dx = xb[:, :2].copy().view(F16).astype(np.float64).ravel()
+        mx = xb[:, 2:4].copy().view(F16).astype(np.float64).ravel()
+        qx = np.concatenate([xb[:, 4:] & 15, xb[:, 4:] >> 4], axis=1).astype(np.float64)
+        dy, sy, qy = q8_1_parts(y)
+        return float(((qx * qy).sum(1) * dx * dy + mx * sy).sum())   # ggml uses y's stored s
+    xv = gguf.quants.dequantize(x.reshape(1, -1), GGUF[t]).astype(np.float64).ravel()
+    yv = q8_K_values(y) if t in (Type.Q4_K, Type.Q6_K) else q8_0_values(y)
+    return float(np.dot(xv, yv))
+
+
+@pytest.mark.parametrize("t", QTYPES)
+@pytest.mark.parametrize("nblocks", [1, 3, 8])
+def test_quantized_dots_against_gguf(t, nblocks):
+    traits = V.get_type_traits_cpu(t)
+    n = nblocks * (256 if t in (Type.Q4_K, Type.Q6_K) else 32)
+    for scale in (1.0, 1e-3, 50.0):
+        x = quantize_chunk(t, U(n) * scale)
+        y = quantize_chunk(traits.vec_dot_type, U(n))
+        got, ref = float(traits.vec_dot(n, x, y)), dot64(t, n, x, y)
+        assert abs(got - ref) <= 2e-6 * np.abs(gguf.quants.dequantize(x.reshape(1, -1), GGUF[t])).sum() * 2, (got, ref)
+
+
+def test_q4_0_q8_0_hand_built_blocks():
+    q4 = np.arange(32) % 16
+    q8 = np.arange(-16, 16)
+    x = np.concatenate([np.array([F16(0.5)]).view(np.uint8), (q4[:16] | (q4[16:] << 4)).astype(np.uint8)])
+    y = np.concatenate([np.array([F16(0.25)]).view(np.uint8), q8.astype(np.int8).view(np.uint8)])
+    assert V.vec_dot_q4_0_q8_0(32, x, y) == np.dot(q4 - 8, q8) * 0.5 * 0.25 == 86.0
+    # two blocks, the second with the extreme codes: -8*-128 everywhere
+    x2 = np.concatenate([x, np.array([F16(1.0)]).view(np.uint8), np.zeros(16, np.uint8)])
+    y2 = np.concatenate([y, np.array([F16(1.0)]).view(np.uint8), np.full(32, 0x80, np.uint8)])
+    assert V.vec_dot_q4_0_q8_0(64, x2, y2) == 86.0 + 32 * 8 * 128
+
+
+def test_q8_0_q8_0_and_q4_K_extremes_do_not_overflow():
+    n = 256
+    x = np.zeros(34 * 8, np.uint8).reshape(8, 34)
+    x[:, :2] = np.array([F16(1.0)]).view(np.uint8)
+    x[:, 2:] = 0x80                                     # -128
+    assert V.vec_dot_q8_0_q8_0(n, x.ravel(), x.ravel()) == 256 * 128 * 128
+    xk = np.zeros(144, np.uint8)
+    xk[:2] = np.array([F16(1.0)]).view(np.uint8)
+    xk[4:16] = [255, 255, 255, 255, 0, 0, 0, 0, 15, 15, 15, 15]      # every 6-bit scale 63, every min 0
+    xk[16:] = 0xFF                                      # every code 15
+    yk = np.zeros(292, np.uint8)
+    yk[:4] = np.array([1.0], np.float32).view(np.uint8)
+    yk[4:260] = 127
+    yk[260:] = np.full(16, 16 * 127, np.int16).view(np.uint8)
+    assert V.vec_dot_q4_K_q8_K(256, xk, yk) == 63 * 15 * 127 * 256
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 1000])
+def test_float_dots(n):
+    x, y = U(n), U(n)
+    assert abs(V.vec_dot_f32(n, x, y) - np.dot(x.astype(np.float64), y)) < 1e-5
+    xh, yh = x.astype(F16), y.astype(F16)
+    assert abs(V.vec_dot_f16(n, xh.view(np.uint16), yh.view(np.uint16)) - np.dot(xh.astype(np.float64), yh)) < 1e-5
+    xb, yb = fp32_to_bf16_array(x), fp32_to_bf16_array(y)
+    assert abs(V.vec_dot_bf16(n, xb, yb) - np.dot(bf16_values(xb).astype(np.float64), bf16_values(yb))) < 1e-5
+
+
+def test_traits_table():
+    pairs = {Type.F32: Type.F32, Type.F16: Type.F16, Type.BF16: Type.BF16, Type.Q4_0: Type.Q8_0,
+             Type.Q4_1: Type.Q8_1, Type.Q8_0: Type.Q8_0, Type.Q4_K: Type.Q8_K, Type.Q6_K: Type.Q8_K}
+    for t, vdt in pairs.items():
+        assert V.get_type_traits_cpu(t).vec_dot_type == vdt and V.get_type_traits_cpu(t).nrows == 1
+    with pytest.raises(GGMLError, match="no CPU dot product"):
+        V.get_type_traits_cpu(Type.Q8_K)
+
+
+# --- mul_mat ------------------------------------------------------------------------------------
+
+ALL = [Type.F32, Type.F16, Type.BF16] + QTYPES
+
+
+def weights(t, ne):
+    w = U(*ne)
+    if t == Type.F32:
+        return w, w
+    if t == Type.F16:
+        return w.astype(F16), w.astype(F16).astype(np.float32)
+    if t == Type.BF16:
+        b = fp32_to_bf16_array(w)
+        return b, bf16_values(b)
+    q = quantize_chunk(t, w.reshape(-1, ne[0])).reshape(w.shape[:3] + (-1,))
+    return q, gguf_dequant(t, q, ne[0])
+
+
+def mul_mat64(values, b):
+    r3, r2 = b.shape[0] // values.shape[0], b.shape[1] // values.shape[1]
+    w = np.repeat(np.repeat(values.astype(np.float64), r3, 0), r2, 1)
+    return np.einsum("lkit,lkjt->lkji", w, b.astype(np.float64))
+
+
+@pytest.mark.parametrize("t", ALL)
+def test_mul_mat_all_types_n_1_to_9(t):
+    a, values = weights(t, (256, 16, 1, 1))             # all_types x F32: m=16, k=256, n=1..9
+    for n in range(1, 10):
+        b = U(256, n, 1, 1)
+        ref = mul_mat64(values, b)
+        for nth in NTH:
+            d = np.full((1, 1, n, 16), np.nan, np.float32)
+            V.forward_mul_mat(t, a, b, d, nth=nth)
+            assert not np.isnan(d).any() and nmse(d, ref) < 5e-4, (t, n, nth)
+
+
+BS_NR = [((1, 1), (2, 1)), ((1, 1), (1, 2)), ((3, 1), (1, 1)), ((3, 1), (2, 1)), ((3, 2), (1, 1)),
+         ((3, 2), (2, 1)), ((3, 2), (1, 2)), ((3, 2), (2, 2))]
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.Q4_0, Type.Q8_0, Type.Q4_K])
+@pytest.mark.parametrize("n", [1, 16])
+def test_mul_mat_broadcast_bs_nr(t, n):
+    for bs, nr in BS_NR:                                # base_types: m=16, k=256, n in {1, 16}
+        a, values = weights(t, (256, 16, bs[0], bs[1]))
+        b = U(256, n, bs[0] * nr[0], bs[1] * nr[1])
+        ref = mul_mat64(values, b)
+        for nth in (1, 3):
+            d = np.full(b.shape[:3] + (16,), np.nan, np.float32)
+            V.forward_mul_mat(t, a, b, d, nth=nth)
+            assert nmse(d, ref) < 5e-4, (t, bs, nr, nth)
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q8_0, Type.Q4_K])
+@pytest.mark.parametrize("per", [(0, 2, 1, 3), (0, 1, 3, 2), (0, 3, 2, 1)])
+def test_mul_mat_permuted_inputs(t, per):
+    # test_mul_mat(per=...): a and b are created with permuted ne and ggml_permute'd back, so they
+    # have the usual ne and permuted strides in dims 1..3 (dim 0, the rows, stays contiguous)
+    ne_a, ne_b = (256, 16, 2, 3), (256, 8, 2, 3)
+    order = [3 - per[3 - k] for k in range(4)]         # ggml_permute as a numpy transpose
+    a_base, values_base = weights(t, tuple(ne_a[i] for i in per))
+    a, values = a_base.transpose(order), values_base.transpose(order)
+    b = U(*[ne_b[i] for i in per]).transpose(order)
+    assert a.shape[:3] == (3, 2, 16) and b.shape == (3, 2, 8, 256)
+    ref = mul_mat64(values, b)
+    for nth in (1, 2, 4):
+        d = np.full((3, 2, 8, 16), np.nan, np.float32)
+        V.forward_mul_mat(t, a, b, d, nth=nth)
+        assert nmse(d, ref) < 5e-4, (t, per, nth)
+
+
+@pytest.mark.parametrize("t", QTYPES + [Type.F16, Type.BF16])
+@pytest.mark.parametrize("nth", NTH)
+def test_src1_conversion_split_by_blocks(t, nth):
+    vdt = V.get_type_traits_cpu(t).vec_dot_type
+    b = U(512, 3, 2, 1)
+    rows = b.reshape(-1, 512)
+    if vdt == Type.F16:
+        want = rows.astype(F16).view(np.uint8).ravel()
+    elif vdt == Type.BF16:
+        want = fp32_to_bf16_array(rows).view(np.uint8).ravel()
+    else:
+        want = quantize_chunk(vdt, rows).ravel()
+    rs, bs = row_size(vdt, 512), {Type.Q8_0: 32, Type.Q8_1: 32, Type.Q8_K: 256}.get(vdt, 1)
+    ts, nblk = rs // (512 // bs), 512 // bs
+    union = np.zeros(want.size, np.uint8)
+    for ith in range(nth):
+        w = np.full(want.size, 0xAB, np.uint8)
+        V.forward_mul_mat_src1(t, b, w, ith, nth)
+        k0, k1 = ith * nblk // nth, (ith + 1) * nblk // nth
+        mine = np.zeros(want.size, bool)
+        for r in range(rows.shape[0]):
+            mine[r * rs + k0 * ts:r * rs + k1 * ts] = True
+        assert np.array_equal(w[mine], want[mine]) and (w[~mine] == 0xAB).all()
+        union[mine] = w[mine]
+    assert np.array_equal(union, want)
+
+
+def test_mul_mat_chunking_is_ggmls():
+    assert V.mul_mat_chunks(4096, 1, 2) == (64, 1, 64, 1)      # vectors: chunks of 64
+    assert V.mul_mat_chunks(4096, 32, 2) == (256, 2, 16, 16)
+    assert V.mul_mat_chunks(16, 9, 3) == (3, 1, 6, 9)          # too few chunks: one per thread
+    assert V.mul_mat_chunks(9, 16, 3) == (1, 3, 9, 6)
+    for nr0, nr1, nth in [(64, 48, 3), (100, 7, 4), (5, 5, 4), (1, 1, 2)]:
+        nc0, nc1, dr0, dr1 = V.mul_mat_chunks(nr0, nr1, nth)
+        cover = np.zeros((nr0, nr1), int)
+        for c in range(nc0 * nc1):
+            i0a, i0b, i1a, i1b = V.mul_mat_chunk_rows(c, nr0, nr1, nc0, dr0, dr1)
+            cover[i0a:i0b, i1a:i1b] += 1
+        assert (cover == 1).all()
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.Q4_0, Type.Q6_K])
+def test_mul_mat_single_chunks_write_only_their_block(t):
+    a, values = weights(t, (256, 40, 1, 1))
+    b = U(256, 24, 1, 1)
+    w = np.empty(V.mul_mat_wsize(t, b), np.uint8)
+    V.forward_mul_mat_src1(t, b, w)
+    d = np.full((1, 1, 24, 40), np.nan, np.float32)
+    V.forward_mul_mat_chunk(t, a, b, d, w, 8, 21, 5, 13)
+    block = np.zeros(d.shape, bool)
+    block[0, 0, 5:13, 8:21] = True
+    assert not np.isnan(d[block]).any() and np.isnan(d[~block]).all()
+    assert nmse(d[block], mul_mat64(values, b)[block]) < 5e-4
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.Q4_0, Type.Q8_0])
+@pytest.mark.parametrize("nth", [2, 3, 4])
+def test_mul_mat_chunk_loop_on_real_threads(t, nth):
+    a, values = weights(t, (256, 96, 1, 1))
+    b = U(256, 40, 1, 1)
+    ref = mul_mat64(values, b)
+    for _ in range(3):
+        w = np.empty(V.mul_mat_wsize(t, b), np.uint8)
+        d = np.full((1, 1, 40, 96), np.nan, np.float32)
+        nchunk = np.prod(V.mul_mat_chunks(96, 40, nth)[:2])
+        owner = np.full(nchunk, -1, np.int32)
+        counter = np.array([nth], np.int64)
+        barrier = threading.Barrier(nth)
+
+        def worker(ith):
+            V.forward_mul_mat_src1(t, b, w, ith, nth)
+            barrier.wait()
+            V.forward_mul_mat_chunks(t, a, b, d, w, counter, ith, nth, owner)
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(nth)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        assert (owner >= 0).all() and all(owner[i] == i for i in range(min(nth, nchunk)))
+        assert not np.isnan(d).any() and nmse(d, ref) < 5e-4
+
+
+def test_atomic_fetch_add_from_threads():
+    from numba import njit
+
+    @njit(nogil=True)
+    def hammer(c, n):
+        for _ in range(n):
+            V.atomic_fetch_add(c, 0, 1)
+
+    c = np.zeros(1, np.int64)
+    hammer(c, 1)
+    c[0] = 0
+    ts = [threading.Thread(target=hammer, args=(c, 200000)) for _ in range(4)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    assert c[0] == 800000
+    assert V.atomic_fetch_add(c, 0, 5) == 800000 and c[0] == 800005
+
+
+def test_mul_mat_check_errors():
+    a, b = U(256, 16, 1, 1), U(256, 4, 1, 1)
+    with pytest.raises(GGMLError, match="do not give dst"):
+        V.mul_mat_check(Type.F32, a, U(128, 4, 1, 1), np.empty((1, 1, 4, 16), np.float32))
+    with pytest.raises(GGMLError, match="do not give dst"):
+        V.mul_mat_check(Type.F32, U(256, 16, 2, 1), U(256, 4, 3, 1), np.empty((1, 3, 4, 16), np.float32))
+    with pytest.raises(GGMLError, match="rows must be contiguous"):
+        V.mul_mat_check(Type.F32, a, U(512, 4, 1, 1)[..., ::2], np.empty((1, 1, 4, 16), np.float32))
+    with pytest.raises(GGMLError, match="neither transposed nor permuted"):
+        V.mul_mat_check(Type.F32, a, b, np.empty((1, 1, 16, 4), np.float32).transpose(0, 1, 3, 2))
+    with pytest.raises(GGMLError, match="work buffer"):
+        V.forward_mul_mat_src1(Type.Q4_0, b, np.empty(10, np.uint8))
