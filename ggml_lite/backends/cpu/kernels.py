@@ -375,6 +375,9 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                     y[i] *= inv
 
 
+_NO_MASK = np.zeros((1, 1, 1, 1), np.float32)      # stands in for a missing mask (never read)
+
+
 def forward_soft_max(src0, mask, dst, scale=1.0, max_bias=0.0, ith=0, nth=1):
     """ggml_soft_max_ext: each row softmax(x*scale + slope*mask), mask optional (F32 or F16, rows
     broadcast over ne2/ne3 by modulo), ALiBi slopes per head (ne2) when max_bias > 0. F32.
@@ -386,7 +389,7 @@ def forward_soft_max(src0, mask, dst, scale=1.0, max_bias=0.0, ith=0, nth=1):
     if mask is None:
         if max_bias > 0:
             raise GGMLError("soft_max: max_bias > 0 (ALiBi) needs a mask")
-        m, tm = np.zeros((1, 1, 1, 1), np.float32), _F32
+        m, tm = _NO_MASK, _F32
     else:
         _check_4d("soft_max", mask)
         m, tm = _storage(mask, "soft_max mask")
@@ -453,6 +456,9 @@ def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_f
             y[i0] = x[i0]
 
 
+_NO_FREQ_FACTORS = np.ones(1, np.float32)
+
+
 def forward_rope(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0, freq_base=10000.0,
                  freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0,
                  ith=0, nth=1):
@@ -478,7 +484,7 @@ def forward_rope(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0
         if freq_factors.dtype != np.float32 or freq_factors.size < n_dims // 2:
             raise GGMLError(f"rope: freq_factors must be F32 with at least n_dims/2 = {n_dims // 2} "
                             f"values, got {freq_factors.dtype} x {freq_factors.size}")
-    ff = freq_factors if freq_factors is not None else np.ones(1, np.float32)
+    ff = freq_factors if freq_factors is not None else _NO_FREQ_FACTORS
     f32 = np.float32
     theta_scale = f32(freq_base) ** (f32(-2.0) / f32(n_dims))          # powf(freq_base, -2.0f/n_dims)
     low, high = rope_yarn_corr_dims(n_dims, n_ctx_orig, f32(freq_base), f32(beta_fast), f32(beta_slow))
