@@ -1,0 +1,244 @@
+"""The CPU compute layer: plan, threadpool, the compute loop, zero allocation, failures."""
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import ggml_lite as ggml
+from ggml_lite import Op, Status, Type
+
+F32 = Type.F32
+
+
+def seed_graph(ctx):
+    """f = a*x^2 + b, the seed's example."""
+    x, a, b = (ggml.new_tensor_1d(ctx, F32, 1) for _ in range(3))
+    f = ggml.add(ctx, ggml.mul(ctx, a, ggml.mul(ctx, x, x)), b)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, f)
+    return gf, x, a, b, f
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 4, 8])
+def test_seed_example_reuses_one_plan(n_threads):
+    ctx = ggml.init(1 << 20)
+    gf, x, a, b, f = seed_graph(ctx)
+    ggml.set_f32(a, 3.0)
+    ggml.set_f32(b, 4.0)
+    plan = ggml.graph_plan(gf, n_threads)
+    assert plan.work_size == 0 and plan.n_threads == n_threads
+    for v in (2.0, 3.0, 4.0):
+        ggml.set_f32(x, v)
+        assert ggml.graph_compute(gf, plan) == Status.SUCCESS
+        assert ggml.get_f32_1d(f, 0) == 3 * v * v + 4
+
+
+def test_n_tasks_follow_ggml():
+    ctx = ggml.init(1 << 20)
+    a = ggml.new_tensor_2d(ctx, F32, 8, 3)
+    assert ggml.get_n_tasks(ggml.add(ctx, a, a), 4) == 4
+    assert ggml.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml: SUB runs on one thread
+    assert ggml.get_n_tasks(ggml.soft_max(ctx, a), 8) == 3        # min(n_threads, rows)
+    assert ggml.get_n_tasks(ggml.sum(ctx, a), 4) == 1
+    assert ggml.get_n_tasks(ggml.silu(ctx, a), 4) == 4
+    assert ggml.get_n_tasks(ggml.get_rows(ctx, a, ggml.new_tensor_1d(ctx, Type.I32, 2)), 4) == 1
+    assert ggml.get_n_tasks(ggml.transpose(ctx, a), 4) == 1
+
+
+@pytest.mark.parametrize("wtype,vdt", [(Type.Q4_0, Type.Q8_0), (Type.Q4_K, Type.Q8_K), (Type.F16, Type.F16),
+                                       (Type.F32, None)])
+def test_work_size_formula(wtype, vdt):
+    ctx = ggml.init(1 << 22)
+    w = ggml.new_tensor_2d(ctx, wtype, 256, 16)
+    x = ggml.new_tensor_2d(ctx, F32, 256, 5)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, ggml.mul_mat(ctx, w, x))
+    plan = ggml.graph_plan(gf, 3)
+    want = 0 if vdt is None else ggml.row_size(vdt, 256 * 5) + ggml.CACHE_LINE_SIZE * 3
+    assert plan.work_size == want
+
+
+def test_missing_work_buffer_is_refused():
+    ctx = ggml.init(1 << 22)
+    w = ggml.new_tensor_2d(ctx, Type.Q8_0, 64, 4)
+    x = ggml.new_tensor_2d(ctx, F32, 64, 2)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, ggml.mul_mat(ctx, w, x))
+    plan = ggml.graph_plan(gf, 2)
+    with pytest.raises(ggml.GGMLError, match=rf"work buffer of {plan.work_size} bytes, work_data has 0"):
+        ggml.graph_compute(gf, plan)
+    plan.work_data = np.zeros(plan.work_size - 1, np.uint8)
+    with pytest.raises(ggml.GGMLError, match=rf"work_data has {plan.work_size - 1}"):
+        ggml.graph_compute(gf, plan)
+
+
+def test_with_ctx_takes_the_work_buffer_from_the_pool():
+    ctx = ggml.init(1 << 22)
+    w = ggml.new_tensor_2d(ctx, Type.Q4_0, 64, 4)
+    x = ggml.new_tensor_2d(ctx, F32, 64, 2)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, ggml.mul_mat(ctx, w, x))
+    before = ggml.used_mem(ctx)
+    work = ggml.graph_plan(gf, 2).work_size
+    assert ggml.graph_compute_with_ctx(ctx, gf, 2) == Status.SUCCESS
+    assert ggml.used_mem(ctx) == before + ggml.OBJECT_SIZE + (work + 15) // 16 * 16   # ggml_new_buffer
+
+
+def test_repeated_compute_of_200_nodes_allocates_nothing():
+    ctx = ggml.init(64 << 20)
+    h = ggml.new_tensor_2d(ctx, F32, 4096, 4)
+    s = ggml.new_tensor_1d(ctx, F32, 4096)
+    cur = h
+    for _ in range(100):
+        cur = ggml.add(ctx, ggml.mul(ctx, cur, s), h)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, cur)
+    assert ggml.graph_n_nodes(gf) == 200
+    h.numpy()[...] = 1.0
+    s.numpy()[...] = 0.5
+    plan = ggml.graph_plan(gf, 2)
+    ggml.graph_compute(gf, plan)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for _ in range(10):
+        ggml.graph_compute(gf, plan)
+    now, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert now - base < 1024                       # nothing kept
+    assert peak - base < ggml.nbytes(h) // 4       # nothing tensor-sized made, even briefly
+    np.testing.assert_allclose(cur.numpy()[0, 0, 0], 2.0, rtol=1e-6)
+
+
+def test_raising_kernel_names_the_node_and_the_pool_survives():
+    ctx = ggml.init(4 << 20)
+    m = ggml.new_tensor_2d(ctx, F32, 8, 4)
+    idx = ggml.new_tensor_1d(ctx, Type.I32, 2)
+    big = ggml.new_tensor_2d(ctx, F32, 1 << 10, 1 << 7)    # large enough to run on every thread
+    out = ggml.add(ctx, ggml.scale(ctx, big, 2.0), big)
+    rows = ggml.get_rows(ctx, m, idx)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, out)
+    ggml.build_forward_expand(gf, rows)
+    plan = ggml.graph_plan(gf, 4)
+    idx.numpy()[...] = [0, 9]
+    with pytest.raises(ggml.GGMLError, match=r"node \d+ '.*' \(GET_ROWS\) failed on thread 0: .*out of range"):
+        ggml.graph_compute(gf, plan)
+    idx.numpy()[...] = [0, 3]
+    big.numpy()[...] = 1.0
+    assert ggml.graph_compute(gf, plan) == Status.SUCCESS
+    assert (out.numpy() == 3.0).all()
+
+
+def test_worker_failure_releases_waiting_threads():
+    tp = ggml.threadpool_new(4)
+    try:
+        def job(ith):
+            if ith == 2:
+                raise ValueError("boom in worker 2")
+            tp.barrier()
+            tp.barrier()
+
+        done = []
+        t = threading.Thread(target=lambda: done.append(pytest.raises(ValueError, tp.run, job)))
+        t.start()
+        t.join(timeout=30)
+        assert not t.is_alive(), "a failing worker left the pool hanging"
+        hits = np.zeros(4, np.int64)
+
+        def count(ith):
+            hits[ith] += 1
+            tp.barrier()
+        for _ in range(5):
+            tp.run(count)
+        assert hits.tolist() == [5, 5, 5, 5]
+    finally:
+        ggml.threadpool_free(tp)
+
+
+def test_barrier_orders_writes_before_reads():
+    tp = ggml.threadpool_new(3)
+    try:
+        slots = np.zeros(3, np.int64)
+        seen = np.zeros((3, 3), np.int64)
+
+        def job(ith):
+            slots[ith] = ith + 1
+            tp.barrier()
+            seen[ith] = slots
+        for _ in range(20):
+            slots[:] = 0
+            tp.run(job)
+            assert (seen == [1, 2, 3]).all()
+    finally:
+        ggml.threadpool_free(tp)
+    with pytest.raises(ggml.GGMLError, match="after threadpool_free"):
+        tp.run(lambda ith: None)
+    with pytest.raises(ggml.GGMLError, match=r"n_threads must be in 1..512 \(got 0\)"):
+        ggml.threadpool_new(0)
+
+
+def test_empty_graph_and_more_threads_than_work():
+    ctx = ggml.init(1 << 20)
+    assert ggml.graph_compute_with_ctx(ctx, ggml.new_graph(ctx), 4) == Status.SUCCESS
+    gf, x, a, b, f = seed_graph(ctx)
+    for t, v in ((x, 1.5), (a, 2.0), (b, -1.0)):
+        ggml.set_f32(t, v)
+    assert ggml.graph_compute_with_ctx(ctx, gf, 16) == Status.SUCCESS
+    assert ggml.get_f32_1d(f, 0) == 2.0 * 1.5 * 1.5 - 1.0
+
+
+def test_abort_callback_stops_after_the_node():
+    ctx = ggml.init(1 << 20)
+    gf, x, a, b, f = seed_graph(ctx)
+    plan = ggml.graph_plan(gf, 2)
+    calls = []
+    plan.abort_callback = lambda data: calls.append(data) or len(calls) == 1
+    plan.abort_callback_data = "stop"
+    ggml.set_f32(f, -7.0)
+    assert ggml.graph_compute(gf, plan) == Status.ABORTED
+    assert plan.aborted_at == 1 and calls == ["stop"]
+    assert ggml.get_f32_1d(f, 0) == -7.0                     # the last node never ran
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 4])
+def test_mul_mat_chunks_each_computed_once(n_threads):
+    rng = np.random.default_rng(1)
+    ctx = ggml.init(16 << 20)
+    w = ggml.new_tensor_2d(ctx, Type.Q4_0, 256, 300)
+    x = ggml.new_tensor_2d(ctx, F32, 256, 40)
+    y = ggml.mul_mat(ctx, w, x)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    W = rng.uniform(-1, 1, (300, 256)).astype(np.float32)
+    X = rng.uniform(-1, 1, (40, 256)).astype(np.float32)
+    w.numpy()[0, 0] = ggml.quantize_chunk(Type.Q4_0, W)
+    x.numpy()[0, 0] = X
+    plan = ggml.graph_plan(gf, n_threads)
+    plan.work_data = np.zeros(plan.work_size, np.uint8)
+    plan.trace = []
+    assert ggml.graph_compute(gf, plan) == Status.SUCCESS
+    owner = plan.chunk_owners[0]
+    assert (owner >= 0).all() and set(owner.tolist()) <= set(range(n_threads))
+    ref = X @ ggml.dequantize_rows(Type.Q4_0, w.numpy()[0, 0], 256).T
+    got = y.numpy()[0, 0]
+    assert ((got - ref) ** 2).sum() / (ref ** 2).sum() < 5e-4
+
+
+def test_plan_follows_moved_data():
+    """A plan prepares views of the tensors; if a tensor's data moves, compute prepares again."""
+    ctx = ggml.init(1 << 20)
+    gf, x, a, b, f = seed_graph(ctx)
+    plan = ggml.graph_plan(gf, 1)
+    for t, v in ((x, 2.0), (a, 1.0), (b, 0.0)):
+        ggml.set_f32(t, v)
+    ggml.graph_compute(gf, plan)
+    other = ggml.new_tensor_1d(ctx, F32, 1)
+    ggml.set_f32(other, 5.0)
+    old = x.data
+    x.data = other.data                                  # as a re-allocation would
+    try:
+        ggml.graph_compute(gf, plan)
+        assert ggml.get_f32_1d(f, 0) == 25.0
+    finally:
+        x.data = old
