@@ -62,7 +62,6 @@ class CPlan:
         self.trace = None                 # a list: record (ith, node index, t0, t1) of every task
         self.aborted_at = None            # ggml's threadpool->abort: node index + 1, or None
         self.chunk_owners = {}            # node index -> which thread computed each mul_mat chunk
-        self._tasks, self._tasks_key = None, None   # prepared on the first compute, then reused
 
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
@@ -104,8 +103,17 @@ _REDUCE = {Op.SUM: K.forward_sum, Op.SUM_ROWS: K.forward_sum_rows, Op.MEAN: K.fo
            Op.REPEAT: K.forward_repeat}
 
 
-def _view(t):
-    return None if t is None else t.numpy()
+def _viewer():
+    """t.numpy() once per tensor while a graph is prepared (one tensor feeds several nodes)."""
+    views = {}
+
+    def view(t):
+        if t is None:
+            return None
+        if id(t) not in views:
+            views[id(t)] = t.numpy()
+        return views[id(t)]
+    return view
 
 
 def _f32(node, i):
@@ -116,10 +124,10 @@ def _i32(node, i):
     return get_op_params_i32(node, i)
 
 
-def _prepare(node, wdata, n_threads):
+def _prepare(node, wdata, n_threads, view):
     """The kernel call for one node, with everything decoded: a function of (ith, nth)."""
     op, src0, src1 = node.op, node.src[0], node.src[1]
-    a, b, d = _view(src0), _view(src1), node.numpy()
+    a, b, d = view(src0), view(src1), view(node)
     if op in _BINARY:
         f = _BINARY[op]
         return lambda ith, nth: f(a, b, d, ith, nth)
@@ -144,7 +152,7 @@ def _prepare(node, wdata, n_threads):
         scale, max_bias = _f32(node, 0), _f32(node, 1)
         return lambda ith, nth: K.forward_soft_max(a, b, d, scale, max_bias, ith, nth)
     if op == Op.ROPE:
-        return _prepare_rope(node, a, b, d)
+        return _prepare_rope(node, a, b, d, view(node.src[2]))
     if op == Op.DIAG_MASK_INF:
         n_past = _i32(node, 0)
         return lambda ith, nth: K.forward_diag_mask_inf(a, d, n_past, ith, nth)
@@ -159,10 +167,9 @@ def _prepare(node, wdata, n_threads):
     raise GGMLError(f"compute: op {op.name} (node '{node.name}') has no CPU kernel in ggml_lite")
 
 
-def _prepare_rope(node, a, pos, d):
+def _prepare_rope(node, a, pos, d, ff):
     n_dims, mode, n_ctx_orig = _i32(node, 1), _i32(node, 2), _i32(node, 4)
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (_f32(node, i) for i in range(5, 11))
-    ff = _view(node.src[2])
     pos = pos.reshape(-1)
 
     def run(ith, nth):
@@ -180,10 +187,10 @@ def _scratch_rows(wdata, n, n_threads):
     return [wdata[i * stride:i * stride + 4 * n].view(np.float32) for i in range(n_threads)]
 
 # %% book/06_cpu_compute.ipynb #304eee36
-def _prepare_mul_mat(node, wdata, owner):
+def _prepare_mul_mat(node, wdata, owner, view):
     """The two tasks of ggml_compute_forward_mul_mat: convert src1, then the chunk loop."""
     t = node.src[0].type
-    a, b, d = node.src[0].numpy(), node.src[1].numpy(), node.numpy()
+    a, b, d = view(node.src[0]), view(node.src[1]), view(node)
     counter = np.zeros(1, np.int64)                 # threadpool->current_chunk
 
     def convert(ith, nth):
@@ -216,7 +223,7 @@ def _n_workers(node, n_tasks):
 
 
 def _make_tasks(cgraph, cplan):
-    tasks, owners = [], {}
+    tasks, owners, view = [], {}, _viewer()
     for i, node in enumerate(cgraph.nodes):
         if not _computes(node):
             continue
@@ -226,10 +233,10 @@ def _make_tasks(cgraph, cplan):
             if cplan.trace is not None:
                 nchunk0, nchunk1, _, _ = V.mul_mat_chunks(node.ne[0], nrows(node), nth)
                 owner = owners[i] = np.full(nchunk0 * nchunk1, -1, np.int32)
-            convert, chunks = _prepare_mul_mat(node, cplan.work_data, owner)
+            convert, chunks = _prepare_mul_mat(node, cplan.work_data, owner, view)
             tasks += [_Task(convert, nth, node, i), _Task(chunks, nth, node, i)]
         else:
-            tasks.append(_Task(_prepare(node, cplan.work_data, cplan.n_threads), nth, node, i))
+            tasks.append(_Task(_prepare(node, cplan.work_data, cplan.n_threads, view), nth, node, i))
     return tasks, owners
 
 
@@ -259,6 +266,8 @@ def _compute_thread(tasks, tp, cplan, ith):
         shared_before = shared
 
 # %% book/06_cpu_compute.ipynb #b8164e4e
+import weakref
+
 from ggml_lite.backends.cpu.threadpool import Threadpool
 from ggml_lite.tensor import ObjectType, _new_object
 
@@ -271,21 +280,25 @@ def _default_pool(n_threads):
     return _DEFAULT_POOLS[n_threads]
 
 
-def _prepared_for(cgraph, cplan):
-    """What the tasks were prepared for: the graph, its node list and every address they use."""
-    tensors = [t for n in cgraph.nodes for t in (n, *n.src) if t is not None]
-    return (cgraph, list(cgraph.nodes), cplan.work_data, cplan.trace is not None,
-            [(t, t.data) for t in tensors])
+_PREPARED = weakref.WeakKeyDictionary()       # cgraph -> _Prepared, the tasks of its last compute
 
 
-def _still_prepared(cgraph, cplan):
-    """The same graph, nodes, buffer and addresses as at preparation (checked without allocating)."""
-    key = cplan._tasks_key
-    if key is None or key[0] is not cgraph or key[2] is not cplan.work_data or key[3] != (cplan.trace is not None):
-        return False
-    nodes = key[1]
-    return (len(nodes) == len(cgraph.nodes) and all(a is b for a, b in zip(nodes, cgraph.nodes))
-            and all(t.data == data for t, data in key[4]))
+class _Prepared:
+    """A graph's tasks and what they were made for: every address they use, the work buffer,
+    the thread count. Any change (a re-allocation, a new plan) means preparing again."""
+
+    def __init__(self, cgraph, cplan):
+        self.tasks, self.chunk_owners = _make_tasks(cgraph, cplan)
+        self.nodes = list(cgraph.nodes)
+        self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n, *n.src) if t is not None]
+        self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
+
+    def fits(self, cgraph, cplan):
+        """Still valid for this graph and plan? (checked without allocating)"""
+        return (self.work_data is cplan.work_data and self.n_threads == cplan.n_threads
+                and self.traced == (cplan.trace is not None) and len(self.nodes) == len(cgraph.nodes)
+                and all(a is b for a, b in zip(self.nodes, cgraph.nodes))
+                and all(t.data == data for t, data in self.addresses))
 
 
 def graph_compute(cgraph, cplan):
@@ -297,10 +310,10 @@ def graph_compute(cgraph, cplan):
     tp = cplan.threadpool or _default_pool(cplan.n_threads)
     if tp.n_threads < cplan.n_threads:
         raise GGMLError(f"graph_compute: the threadpool has {tp.n_threads} threads, the plan needs {cplan.n_threads}")
-    if not _still_prepared(cgraph, cplan):
-        cplan._tasks, cplan.chunk_owners = _make_tasks(cgraph, cplan)
-        cplan._tasks_key = _prepared_for(cgraph, cplan)
-    tasks = cplan._tasks
+    prepared = _PREPARED.get(cgraph)
+    if prepared is None or not prepared.fits(cgraph, cplan):
+        prepared = _PREPARED[cgraph] = _Prepared(cgraph, cplan)
+    tasks, cplan.chunk_owners = prepared.tasks, prepared.chunk_owners
     cplan.aborted_at = None
     tp.run(lambda ith: _compute_thread(tasks, tp, cplan, ith))
     return Status.ABORTED if cplan.aborted_at is not None else Status.SUCCESS
