@@ -4,8 +4,6 @@
 __all__ = ['CACHE_LINE_SIZE', 'DEFAULT_N_THREADS', 'get_n_tasks', 'CPlan', 'graph_plan', 'MIN_WORK_PER_NODE', 'graph_compute', 'graph_compute_with_ctx']
 
 # %% book/06_cpu_compute.ipynb #5b92eaa1
-import math
-
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import Op, UnaryOp, get_unary_op
 from ggml_lite.tensor import TensorFlag, is_empty, nelements, nrows
