@@ -39,28 +39,21 @@ class _CPUBackend(Backend):
         self.work_size = 0
         self.abort_callback = None          # abort_callback(abort_callback_data) -> True = stop
         self.abort_callback_data = None
-        self._plan, self._plan_graph = None, None
 
     def get_name(self):
         return "CPU"
 
     def free(self):
         self.work_data, self.work_size = None, 0
-        self._plan, self._plan_graph = None, None
 
     def graph_compute(self, cgraph):
         cplan = graph_plan(cgraph, self.n_threads, self.threadpool)
         if self.work_size < cplan.work_size:
             self.work_data = np.empty(cplan.work_size, np.uint8)
             self.work_size = cplan.work_size
-        last = self._plan
-        if (self._plan_graph is cgraph and last.work_size == cplan.work_size
-                and last.n_threads == cplan.n_threads and last.threadpool is cplan.threadpool):
-            cplan = last                    # same graph, same plan: keep its prepared kernel calls
-        cplan.work_data = self.work_data
+        cplan.work_data = self.work_data    # the same array every time: prepared calls are reused
         cplan.abort_callback = self.abort_callback
         cplan.abort_callback_data = self.abort_callback_data
-        self._plan, self._plan_graph = cplan, cgraph
         return graph_compute(cgraph, cplan)
 
 # %% book/07_backend.ipynb #cpu-backend-device
