@@ -487,3 +487,100 @@ def test_random_graphs_never_overlap(seed):
     assert overlaps(gf, galloc, view_output_keeps_source=False) == []
     quirk = read_output_views(gf)
     assert all(a in quirk or b in quirk for a, b in overlaps(gf, galloc))
+
+
+# --- computing in the planned buffer gives what one buffer per tensor gives ---------------------
+
+def leaf_bytes(t, rng):
+    """Deterministic contents for a leaf: floats in [-1, 1], small indices, quantized floats."""
+    n = ggml.nelements(t)
+    if t.type == Type.I32:
+        return rng.integers(0, 5, n).astype(np.int32).tobytes()
+    x = rng.uniform(-1, 1, n).astype(np.float32)
+    if ggml.is_quantized(t.type):
+        return ggml.quantize_chunk(t.type, x.reshape(-1, t.ne[0])).tobytes()
+    return x.astype({Type.F32: np.float32, Type.F16: np.float16}[t.type]).tobytes()
+
+
+def fill_leafs(gf, seed=0):
+    """Write every leaf, and every node without an op (PARAM tensors), as a caller would."""
+    rng = np.random.default_rng(seed)
+    for t in list(gf.leafs) + [n for n in gf.nodes if n.op == Op.NONE]:
+        raw = np.frombuffer(leaf_bytes(t, rng), np.uint8)
+        if t.buffer is not None:
+            ggml.backend_tensor_set(t, raw)
+        else:                                          # data from a context's own pool
+            t.numpy().reshape(-1).view(np.uint8)[:] = raw
+
+
+def results(gf):
+    """The bytes of every tensor a caller may read after the graph: the roots and the OUTPUT
+    tensors (except an OUTPUT view that some node reads, which ggml does not keep)."""
+    read = {id(s) for n in gf.nodes for s in n.src if s is not None}
+    keep = [t for t in gf.nodes if id(t) not in read or (t.flags & TensorFlag.OUTPUT and t.view_src is None)]
+    return {i: ggml.backend_tensor_get(t, size=ggml.nbytes(t)).tobytes() if t.buffer is not None
+            else t.numpy().tobytes() for i, t in enumerate(gf.nodes) if t in keep}
+
+
+# realloc: four graphs; zoo: get_rows of I32 rows has no ggml_lite kernel (ggml has one)
+COMPUTED = [n for n in NAMES if n not in ("realloc", "zoo", "late_input_no_flag")]
+
+
+@pytest.fixture(scope="module")
+def cpu_backend():
+    backend = ggml.backend_cpu_init()
+    ggml.backend_cpu_set_n_threads(backend, 2)
+    yield backend
+    ggml.backend_free(backend)
+
+
+@pytest.mark.parametrize("name", COMPUTED)
+def test_compute_in_the_planned_buffer_equals_one_buffer_per_tensor(name, cpu_backend):
+    _, _, galloc, planned = run(name)
+    fill_leafs(planned)
+    assert ggml.backend_graph_compute(cpu_backend, planned) == ggml.Status.SUCCESS
+    got = results(planned)
+
+    s = scenarios.SCENARIOS[name](G)                   # the same graph, every tensor its own bytes
+    naive = s["graphs"][-1]
+    assert ggml.backend_alloc_ctx_tensors_from_buft(s["ctx"], CPU) is not None
+    fill_leafs(naive)
+    assert ggml.backend_graph_compute(cpu_backend, naive) == ggml.Status.SUCCESS
+    want = results(naive)
+    assert got.keys() == want.keys() and got
+    for i in want:
+        assert got[i] == want[i], f"node {i} ({naive.nodes[i].name}) differs"
+
+
+def test_without_input_a_late_input_is_clobbered(cpu_backend):
+    """late_input without INPUT: x (a PARAM node read last) gets bytes that earlier nodes still
+    use while the graph runs, so the value written before compute is gone when it is read."""
+    def compute(name, naive):
+        if naive:
+            s = scenarios.SCENARIOS[name](G)
+            gf = s["graphs"][-1]
+            ggml.backend_alloc_ctx_tensors_from_buft(s["ctx"], CPU)
+        else:
+            gf = run(name)[3]
+        fill_leafs(gf)
+        assert ggml.backend_graph_compute(cpu_backend, gf) == ggml.Status.SUCCESS
+        return results(gf)
+
+    assert compute("late_input", False) == compute("late_input", True)
+    assert compute("late_input_no_flag", False) != compute("late_input_no_flag", True)
+
+
+def test_the_check_above_sees_a_bad_plan(cpu_backend):
+    """Not vacuous: with the diamond's two branches forced onto the same bytes the results differ."""
+    _, _, galloc, planned = run("diamond")
+    a, b = planned.nodes[0], planned.nodes[1]
+    for t in planned.nodes:                            # views of b would follow b; there are none
+        assert t.view_src is not b
+    b.data = a.data
+    fill_leafs(planned)
+    ggml.backend_graph_compute(cpu_backend, planned)
+    s = scenarios.diamond(G)
+    ggml.backend_alloc_ctx_tensors_from_buft(s["ctx"], CPU)
+    fill_leafs(s["graphs"][0])
+    ggml.backend_graph_compute(cpu_backend, s["graphs"][0])
+    assert results(planned) != results(s["graphs"][0])

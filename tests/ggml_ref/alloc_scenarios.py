@@ -51,7 +51,7 @@ def inplace_chain(G, flags=""):
     h3 = G.add(ctx, h2, b)
     h4 = G.rms_norm(ctx, h3, 1e-5)
     h5 = G.soft_max(ctx, h4)
-    h6 = G.relu(ctx, h5)
+    h6 = G.gelu(ctx, h5)
     if "in" in flags:
         G.set_input(x)
     if flags == "out":
@@ -133,7 +133,7 @@ def view_inplace(G):
     v = G.view_1d(ctx, y, 1024, 0)
     z = G.scale(ctx, v, 2.0)
     u = G.view_1d(ctx, G.cont(ctx, z), 512, 1024)
-    out = G.relu(ctx, u)
+    out = G.gelu(ctx, u)
     return {"ctx": ctx, "graphs": [_graph(G, ctx, out)]}
 
 
@@ -381,7 +381,7 @@ def random_graph(G, seed):
             used.add(id(b))
             r, shape = rng.choice([G.add, G.mul, G.sub])(ctx, a, b), (n0, n1)
         elif kind == "unary":
-            r, shape = rng.choice([G.silu, G.gelu, G.relu])(ctx, a), (n0, n1)
+            r, shape = rng.choice([G.silu, G.gelu, G.silu])(ctx, a), (n0, n1)
         elif kind == "scale":
             r, shape = G.scale(ctx, a, 0.5), (n0, n1)
         elif kind == "norm":
