@@ -23,7 +23,7 @@ What differs from test-backend-ops, and why:
 - the random numbers are seeded per case (crc32 of its name), so a failure repeats.
 - ggml runs every node on all the plan's threads; ggml_lite's compute layer gives a node under
   MIN_WORK_PER_NODE one thread, which would leave the kernels' thread splits untested on these
-  small cases, so the default hook lifts that threshold while it computes (see cpu_compute).
+  small cases, so the default hook sets the plan's min_work_per_node to 0 (see cpu_compute).
 
 Hooks: a compute hook is compute(gf, ctx) -> Status. cpu_compute(n) (graph_plan + graph_compute,
 the default), cpu_compute_with_ctx(n) (work buffer from the context: build with extra_mem), and
@@ -46,7 +46,6 @@ from gguf import quants as gguf_quants
 
 import ggml_lite as ggml
 from ggml_lite import Type
-from ggml_lite.backends.cpu import compute as _cpu_compute_module
 
 SENTINEL_SIZE = 1024                 # floats per sentinel, as test_case::sentinel_size
 FLT_MAX = np.float32(np.finfo(np.float32).max)
@@ -329,21 +328,16 @@ def cpu_compute(n_threads: int, every_thread: bool = True, trace: list = None) -
     """The default hook: ggml.graph_plan + ggml.graph_compute with n_threads, work buffer ours.
 
     every_thread: ggml runs every node on all the plan's threads; ggml_lite's compute layer gives
-    a node below MIN_WORK_PER_NODE one thread. The cases are small, so by default that threshold
-    is lifted for the call, and the thread partitions of every kernel really are exercised.
+    a node below MIN_WORK_PER_NODE one thread. The cases are small, so by default the plan's
+    min_work_per_node is 0, and the thread partitions of every kernel really are exercised.
     trace: a list that receives the plan's (ith, node, t0, t1) records."""
     def compute(gf, ctx):
         plan = ggml.graph_plan(gf, n_threads)
         plan.work_data = np.zeros(max(int(plan.work_size), 0), np.uint8)
         plan.trace = trace
-        if not every_thread:
-            return ggml.graph_compute(gf, plan)
-        saved = _cpu_compute_module.MIN_WORK_PER_NODE
-        _cpu_compute_module.MIN_WORK_PER_NODE = 0
-        try:
-            return ggml.graph_compute(gf, plan)
-        finally:
-            _cpu_compute_module.MIN_WORK_PER_NODE = saved
+        if every_thread:
+            plan.min_work_per_node = 0
+        return ggml.graph_compute(gf, plan)
     compute.__name__ = f"cpu_compute_{n_threads}"
     return compute
 

@@ -242,3 +242,18 @@ def test_plan_follows_moved_data():
         assert ggml.get_f32_1d(f, 0) == 25.0
     finally:
         x.data = old
+
+
+def test_min_work_per_node_zero_runs_every_node_on_every_thread():
+    ctx = ggml.init(1 << 20)
+    gf, x, a, b, f = seed_graph(ctx)
+    for t, v in ((x, 2.0), (a, 1.0), (b, 1.0)):
+        ggml.set_f32(t, v)
+    plan = ggml.graph_plan(gf, 3)
+    plan.trace = []
+    ggml.graph_compute(gf, plan)
+    assert {ith for ith, *_ in plan.trace} == {0}            # tiny nodes: thread 0 alone
+    plan.min_work_per_node, plan.trace = 0, []
+    ggml.graph_compute(gf, plan)                             # ggml's schedule
+    assert sorted((i, ith) for ith, i, *_ in plan.trace) == [(i, t) for i in range(3) for t in range(3)]
+    assert ggml.get_f32_1d(f, 0) == 5.0
