@@ -1,17 +1,38 @@
 """The peer: the same workloads on real ggml, through ggml-python's C API (ctypes).
 
-Each function builds its graph once in a ggml context, fills the inputs, and returns the best
-wall time of `reps` calls to ggml_graph_compute_with_ctx, in seconds.
+Each workload builds its graph once in a ggml context, fills the inputs (weights quantized by
+ggml's own ggml_quantize_chunk), makes the plan once with ggml_graph_plan (work buffer allocated
+here, once), and times ggml_graph_compute(gf, &plan): the same reuse as the ggml_lite side.
+ggml-python's ggml is built with OpenMP: n_threads threads of an OpenMP team run each compute.
+
+    python bench/peer_ggml.py [--quick]      # a table on its own, 1 and 2 threads
 """
 import ctypes
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
 import ggml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from common import activations, measure, nmse, reference, weights, workloads  # noqa: E402
+
 TYPES = {"F32": ggml.GGML_TYPE_F32, "F16": ggml.GGML_TYPE_F16, "Q4_0": ggml.GGML_TYPE_Q4_0,
          "Q8_0": ggml.GGML_TYPE_Q8_0, "Q4_K": ggml.GGML_TYPE_Q4_K}
+
+
+def info():
+    """What ggml this is and what it was built with."""
+    has = {f: bool(getattr(ggml, f"ggml_cpu_has_{f}")()) for f in ("avx2", "avx512", "f16c", "fma")}
+    lib = Path(ggml.__file__).parent / "lib" / "libggml-cpu.so"
+    openmp = lib.exists() and b"GOMP_parallel" in lib.read_bytes()
+    return dict(ggml_python=getattr(ggml, "__version__", None), ggml_version=_str(ggml.ggml_version()),
+                ggml_commit=_str(ggml.ggml_commit()), cpu_features=has, openmp=openmp)
+
+
+def _str(s):
+    return s.decode() if isinstance(s, bytes) else s
 
 
 def _ctx(mem_size):
@@ -23,6 +44,11 @@ def _ctx(mem_size):
 def _fill_f32(t, x):
     dst = ctypes.cast(ggml.ggml_get_data(t), ctypes.POINTER(ctypes.c_float))
     ctypes.memmove(dst, np.ascontiguousarray(x, dtype=np.float32).ctypes.data, x.size * 4)
+
+
+def _read_f32(t, shape):
+    p = ctypes.cast(ggml.ggml_get_data(t), ctypes.POINTER(ctypes.c_float))
+    return np.ctypeslib.as_array(p, shape=shape).copy()
 
 
 def _fill_weights(t, type_name, w):
@@ -39,60 +65,82 @@ def _fill_weights(t, type_name, w):
                                  ggml.ggml_get_data(t), 0, nrows, n, None)
 
 
-def _time(ctx, gf, n_threads, reps):
-    ggml.ggml_graph_compute_with_ctx(ctx, gf, n_threads)  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        ggml.ggml_graph_compute_with_ctx(ctx, gf, n_threads)
-        best = min(best, time.perf_counter() - t0)
-    return best
+class _Plan:
+    """ggml_graph_plan once, its work buffer allocated once; __call__ = one ggml_graph_compute."""
+
+    def __init__(self, gf, n_threads):
+        self.gf = gf
+        self.plan = ggml.ggml_graph_plan(gf, n_threads, None)
+        self.work = (ctypes.c_uint8 * max(1, self.plan.work_size))()
+        self.plan.work_data = ctypes.cast(self.work, ctypes.POINTER(ctypes.c_uint8))
+
+    def __call__(self):
+        status = ggml.ggml_graph_compute(self.gf, ctypes.byref(self.plan))
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute returned status {status}")
 
 
-def mul_mat(type_name, m, n, k, n_threads, reps=5, seed=0):
-    """out[n, m] = mul_mat(W[m, k] of type_name, X[n, k] f32): seconds per compute."""
-    rng = np.random.default_rng(seed)
-    w = rng.uniform(-1, 1, (m, k)).astype(np.float32)
-    x = rng.uniform(-1, 1, (n, k)).astype(np.float32)
-    ctx, buf = _ctx(m * k * 4 + n * k * 4 + m * n * 4 + 64 * 1024 * 1024)
-    a = ggml.ggml_new_tensor_2d(ctx, TYPES[type_name], k, m)
-    b = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, k, n)
-    out = ggml.ggml_mul_mat(ctx, a, b)
-    gf = ggml.ggml_new_graph(ctx)
-    ggml.ggml_build_forward_expand(gf, out)
-    _fill_weights(a, type_name, w)
-    _fill_f32(b, x)
+def mul_mat(type_name, m, n, k, n_threads, quick=False, w=None):
+    """out[n, m] = mul_mat(W[m, k] of type_name, X[n, k] f32): a measurement (see common.measure)."""
+    w = weights(m, k) if w is None else w
+    x = activations(n, k)
+    rs = ggml.ggml_row_size(TYPES[type_name], k)
+    ctx, buf = _ctx(rs * m + n * k * 4 + m * n * 4 + 8 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead() + (1 << 20))
     try:
-        return _time(ctx, gf, n_threads, reps)
+        a = ggml.ggml_new_tensor_2d(ctx, TYPES[type_name], k, m)
+        b = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, k, n)
+        out = ggml.ggml_mul_mat(ctx, a, b)
+        gf = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(gf, out)
+        _fill_weights(a, type_name, w)
+        _fill_f32(b, x)
+        compute = _Plan(gf, n_threads)
+        r = measure(compute, quick)
+        r["work_size"] = compute.plan.work_size
+        r["nmse_vs_f32"] = nmse(_read_f32(out, (n, m)), reference(w, x))
+        return r
     finally:
         ggml.ggml_free(ctx)
         del buf
 
 
-def add_chain(n_nodes, n_threads, reps=5, ne0=16):
-    """A chain x = x + b repeated n_nodes times on tiny tensors: seconds per compute."""
-    ctx, buf = _ctx(n_nodes * (ggml.ggml_tensor_overhead() + ne0 * 4 + 64) + ggml.ggml_graph_overhead_custom(n_nodes + 8, False) + (1 << 20))
-    x = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, ne0)
-    b = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, ne0)
-    _fill_f32(x, np.ones(ne0, np.float32))
-    _fill_f32(b, np.ones(ne0, np.float32))
-    cur = x
-    for _ in range(n_nodes):
-        cur = ggml.ggml_add(ctx, cur, b)
-    gf = ggml.ggml_new_graph_custom(ctx, n_nodes + 8, False)
-    ggml.ggml_build_forward_expand(gf, cur)
+def add_chain(n_nodes, ne0, n_threads, quick=False):
+    """x = x + b repeated n_nodes times on vectors of ne0 floats: a measurement of the whole graph."""
+    ctx, buf = _ctx((n_nodes + 4) * (ggml.ggml_tensor_overhead() + ne0 * 4 + 64)
+                    + ggml.ggml_graph_overhead_custom(n_nodes + 8, False) + (1 << 20))
     try:
-        return _time(ctx, gf, n_threads, reps)
+        x = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, ne0)
+        b = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, ne0)
+        _fill_f32(x, np.ones(ne0, np.float32))
+        _fill_f32(b, np.ones(ne0, np.float32))
+        cur = x
+        for _ in range(n_nodes):
+            cur = ggml.ggml_add(ctx, cur, b)
+        gf = ggml.ggml_new_graph_custom(ctx, n_nodes + 8, False)
+        ggml.ggml_build_forward_expand(gf, cur)
+        compute = _Plan(gf, n_threads)
+        r = measure(compute, quick)
+        r["check"] = float(_read_f32(cur, (ne0,))[0]) == 1.0 + n_nodes
+        return r
     finally:
         ggml.ggml_free(ctx)
         del buf
+
+
+def run(n_threads, quick=False):
+    """Every workload of common.workloads() at n_threads: {key: measurement}."""
+    res, cache = {}, {}
+    for wl in workloads():
+        if wl["kind"] == "mul_mat":
+            w = cache.setdefault((wl["m"], wl["k"]), weights(wl["m"], wl["k"]))
+            res[wl["key"]] = mul_mat(wl["type"], wl["m"], wl["n"], wl["k"], n_threads, quick, w)
+        else:
+            res[wl["key"]] = add_chain(wl["n_nodes"], wl["ne0"], n_threads, quick)
+    return res
 
 
 if __name__ == "__main__":
+    print(info())
     for nt in (1, 2):
-        print(f"threads={nt}")
-        print("  F32 1024^3      ", f"{2 * 1024**3 / mul_mat('F32', 1024, 1024, 1024, nt) / 1e9:.1f} GFLOP/s")
-        for t in ("Q4_0", "Q8_0", "Q4_K", "F16"):
-            for n in (1, 32):
-                print(f"  {t:5s} 4096x4096 n={n:2d}", f"{mul_mat(t, 4096, n, 4096, nt) * 1e3:.3f} ms")
-        print("  add chain 1000  ", f"{add_chain(1000, nt) / 1000 * 1e6:.2f} us/node")
+        for key, r in run(nt, quick="--quick" in sys.argv).items():
+            print(f"threads={nt}  {key:32s} {r['best'] * 1e3:9.3f} ms  (foreign load {r['foreign_load']})")
