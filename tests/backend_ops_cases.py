@@ -188,9 +188,10 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
     0/0 (both all zero) is NaN, which passes any limit, as in C."""
     a = np.asarray(a, np.float32).ravel()
     b = np.asarray(b, np.float32).ravel()
-    d = a - b
-    num = float(np.sum((d * d).astype(np.float64)))
-    den = float(np.sum((a * a).astype(np.float64)))
+    with np.errstate(over="ignore"):          # squares past FLT_MAX are inf, silently, as in C
+        d = a - b
+        num = float(np.sum((d * d).astype(np.float64)))
+        den = float(np.sum((a * a).astype(np.float64)))
     if den == 0.0:
         return math.nan if num == 0.0 else math.inf
     return num / den
@@ -469,13 +470,51 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * x * (1.0 + 0.044715 * x * x)))
 
 
-_UNARY = {"SILU": (ggml.silu, _silu), "GELU": (ggml.gelu, _gelu_tanh)}
+def _gelu_quick(x):
+    return x / (1.0 + np.exp(-1.702 * x))
+
+
+def _gelu_quick_fp16_table(x):
+    """ggml's CPU GELU_QUICK (GGML_GELU_QUICK_FP16): fp16(gelu_quick(fp16(x))), for every x."""
+    return _gelu_quick(x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_hard = lambda x: np.clip((x + 3.0) / 6.0, 0.0, 1.0)
+
+# test_unary's ops (every ggml_unary_op but XIELU): (constructor, float64 reference of ggml's function)
+_UNARY = {
+    "ABS": (None, np.abs),
+    "SGN": (None, np.sign),
+    "NEG": (None, np.negative),
+    "STEP": (None, lambda x: (x > 0).astype(np.float64)),
+    "TANH": (None, np.tanh),
+    "ELU": (None, lambda x: np.where(x > 0, x, np.expm1(x))),
+    "RELU": (ggml.relu, lambda x: np.maximum(x, 0.0)),
+    "SIGMOID": (None, lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "GELU": (ggml.gelu, _gelu_tanh),
+    "GELU_QUICK": (None, _gelu_quick_fp16_table),
+    "SILU": (ggml.silu, _silu),
+    "HARDSWISH": (None, lambda x: x * _hard(x)),
+    "HARDSIGMOID": (None, _hard),
+    "EXP": (None, np.exp),
+    "EXPM1": (None, np.expm1),
+    "SOFTPLUS": (None, lambda x: np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))),
+    "GELU_ERF": (ggml.gelu_erf, lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))),
+    "FLOOR": (None, np.floor),
+    "CEIL": (None, np.ceil),
+    "ROUND": (None, lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x)),      # roundf: halves away from 0
+    "TRUNC": (None, np.trunc),
+}
 
 
 class TestUnary(Case):
     """test_unary: values in [-150, 150] (GELU NaN hunting). ggml's CPU GELU reads an fp16 table
     for |x| < 10, so it has fp16 precision there; the exact tanh formula is the reference and the
-    NMSE limit absorbs the table's rounding (checked by test_gelu_fp16_table_within_limit)."""
+    NMSE limit absorbs the table's rounding (checked by test_gelu_fp16_table_within_limit).
+    GELU_QUICK reads its table for every x: there the reference is ggml's table itself,
+    fp16(gelu_quick(fp16(x))), because the exact formula is only about 2x inside the limit
+    (test_gelu_quick_fp16_table_is_the_reference). Ops without a shorthand go through ggml.unary."""
     init_range = (-150.0, 150.0)
 
     def __init__(self, fn, type=Type.F32, ne=(128, 2, 2, 2), v=0):
@@ -488,10 +527,12 @@ class TestUnary(Case):
     def build_graph(self, b):
         a = _view_of_bigger(b, self.type, self.ne, [3, 1, 1, 1], "a") if self.v else \
             b.new_tensor(self.type, self.ne, "a")
-        return _UNARY[self.fn][0](b.ctx, a)
+        make = _UNARY[self.fn][0]
+        return make(b.ctx, a) if make else ggml.unary(b.ctx, a, ggml.UnaryOp[self.fn])
 
     def reference(self, srcs, out):
-        return round_to(self.type, _UNARY[self.fn][1](srcs[0].astype(np.float64)))
+        with np.errstate(over="ignore"):                  # exp(150) is inf in float32, as in ggml
+            return round_to(self.type, _UNARY[self.fn][1](srcs[0].astype(np.float64)))
 
 
 class TestSwigluSplit(Case):
@@ -1081,7 +1122,7 @@ def make_test_cases():
     cases = []
     for type in (Type.F16, Type.F32):                     # unary, glu
         for v in (0, 1):
-            for fn in ("SILU", "GELU"):
+            for fn in _UNARY:
                 cases.append(TestUnary(fn, type, (128, 2, 2, 2), v))
                 cases.append(TestUnary(fn, type, (5, 7, 11, 13), v))
             for ne in ((128, 2, 2, 2), (5, 7, 11, 13)):

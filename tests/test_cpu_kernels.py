@@ -17,6 +17,7 @@ import pytest
 from ggml_lite.backends.cpu import kernels as K
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.core import GGMLError
+from ggml_lite.ops import UnaryOp
 from ggml_lite.types import Type, fp32_to_bf16_array, quantize_chunk, row_size
 
 RNG = np.random.default_rng(1234)
@@ -79,6 +80,8 @@ ROW_OPS = {
     "scale": (lambda x, o, i, n: K.forward_scale(x, o, 3.0, 0.0, i, n), "block"),
     "silu": (lambda x, o, i, n: K.forward_silu(x, o, i, n), "block"),
     "gelu": (lambda x, o, i, n: K.forward_gelu(x, o, i, n), "block"),
+    "relu": (lambda x, o, i, n: K.forward_unary(x, o, UnaryOp.RELU, i, n), "block"),
+    "gelu_quick": (lambda x, o, i, n: K.forward_unary(x, o, UnaryOp.GELU_QUICK, i, n), "block"),
     "rope": (lambda x, o, i, n: K.forward_rope(x, np.arange(x.shape[1], dtype=np.int32), o, 4, 0, ith=i, nth=n), "block"),
     "rms_norm": (lambda x, o, i, n: K.forward_rms_norm(x, o, 1e-6, i, n), "strided"),
     "norm": (lambda x, o, i, n: K.forward_norm(x, o, 1e-6, i, n), "strided"),
@@ -256,6 +259,126 @@ def test_swiglu_split_fused_and_swapped():
     assert_close(K.forward_swiglu, (gv, None, OUT, True), g, silu(vd) * gd)
 
 
+def test_swiglu_fused_odd_rows_leave_the_last_element_unread():
+    # test-backend-ops' ne_a [5, 7, 11, 13]: dst rows of nc = 5 // 2 = 2; gate [0, 2), value [2, 4)
+    x = np.random.default_rng(7).uniform(-1, 1, (13, 11, 7, 5)).astype(np.float32)
+    x[..., 4] = np.nan                                  # never read, or the output would hold NaN
+    xd = x.astype(np.float64)
+    silu = lambda t: t / (1 + np.exp(-t))
+    like = np.empty((13, 11, 7, 2), np.float32)
+    assert_close(K.forward_swiglu, (x, None, OUT), like, silu(xd[..., :2]) * xd[..., 2:4])
+    assert_close(K.forward_swiglu, (x, None, OUT, True), like, silu(xd[..., 2:4]) * xd[..., :2])
+    h = x.astype(F16)
+    out = np.empty(like.shape, F16)
+    K.forward_swiglu(h, None, out)
+    assert not np.isnan(out.astype(np.float32)).any()
+    with pytest.raises(GGMLError, match="do not fit"):          # nc must be ne00 / 2, rounded down
+        K.forward_swiglu(x, None, np.empty((13, 11, 7, 3), np.float32))
+
+
+# ggml's function of every unary op, in float64 numpy (unary-ops.cpp, vec.h)
+UNARY_REF = {
+    "ABS": np.abs, "SGN": np.sign, "NEG": np.negative, "STEP": lambda x: (x > 0) * 1.0,
+    "TANH": np.tanh, "ELU": lambda x: np.where(x > 0, x, np.expm1(x)), "RELU": lambda x: np.maximum(x, 0),
+    "SIGMOID": lambda x: 1 / (1 + np.exp(-x)), "GELU": gelu64,
+    "GELU_QUICK": lambda x: x / (1 + np.exp(-1.702 * x)), "SILU": lambda x: x / (1 + np.exp(-x)),
+    "HARDSWISH": lambda x: x * np.clip((x + 3) / 6, 0, 1), "HARDSIGMOID": lambda x: np.clip((x + 3) / 6, 0, 1),
+    "EXP": np.exp, "EXPM1": np.expm1, "SOFTPLUS": lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
+    "GELU_ERF": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+    "FLOOR": np.floor, "CEIL": np.ceil, "TRUNC": np.trunc,
+    "ROUND": lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x),
+}
+OPS_CPP = ("GELU", "GELU_QUICK", "GELU_ERF", "SILU")        # F32 and F16 only in ggml
+
+
+def test_unary_ids_are_ggmls():
+    assert set(UNARY_REF) == {u.name for u in UnaryOp} - {"XIELU", "COUNT"}
+    for u in UnaryOp:
+        if u != UnaryOp.COUNT:
+            assert getattr(K, "_" + u.name) == int(u), u
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_REF))
+def test_unary_op_f32_f16_bf16(name):
+    u, f = UnaryOp[name], UNARY_REF[name]
+    x = np.random.default_rng(u).uniform(-10, 10, (2, 2, 8, 64)).astype(np.float32)   # exp(10) fits in F16
+    x[0, 0, 0, :5] = [0.0, -0.5, 0.5, 2.5, -3.5]          # ties for ROUND, 0 for SGN and STEP
+    if name == "SOFTPLUS":
+        x[0, 0, 0, 5:8] = [19.5, 20.0, 25.0]              # either side of its threshold
+    limit = 1e-5 if name in ("GELU", "GELU_QUICK") else 1e-12     # the fp16 tables: fp16 precision
+    assert_close(K.forward_unary, (x, OUT, u), x, f(x.astype(np.float64)), limit=limit)
+    h = x.astype(F16)                                   # F16: ggml's function of the fp16 values, rounded
+    assert_close(K.forward_unary, (h, OUT, u), h, f(h.astype(np.float64)).astype(F16), limit=1e-6)
+    if name in OPS_CPP:
+        with pytest.raises(GGMLError, match="not supported"):
+            K.forward_unary(fp32_to_bf16_array(x), np.empty(x.shape, np.uint16), u)
+        return
+    b = fp32_to_bf16_array(x)                           # BF16 in and out, and F16/BF16 in, F32 out
+    want = f(bf16_values(b).astype(np.float64))
+    for nth in NTH:
+        out = run_threads(K.forward_unary, (b, OUT, u), np.full(b.shape, 0xFFFF, np.uint16), nth)
+        assert nmse(bf16_values(out), bf16_values(fp32_to_bf16_array(want.astype(np.float32)))) <= 1e-4
+    assert_close(K.forward_unary, (b, OUT, u), x, want, limit=1e-12)
+    assert_close(K.forward_unary, (h, OUT, u), x, f(h.astype(np.float64)), limit=1e-12)
+
+
+def test_unary_exact_cases():
+    def run(name, values, dtype=np.float32):
+        x = np.array(values, dtype).reshape(1, 1, 1, -1)
+        out = np.full(x.shape, np.nan, dtype)
+        K.forward_unary(x, out, UnaryOp[name])
+        return out.ravel().tolist()
+    # roundf: halves away from zero, and a float32 just below one half stays below
+    big = float(np.float32(1e30))
+    assert run("ROUND", [0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, big]) == [1, -1, 2, 3, -3, 0, big]
+    assert run("ROUND", [0.5, 2.5, -2.5], F16) == [1, 3, -3]
+    assert run("SGN", [-3.0, 0.0, 2.0]) == [-1, 0, 1] and run("STEP", [-1.0, 0.0, 1.0]) == [0, 0, 1]
+    # EXPM1 is expf(x) - 1 in ggml: the digits of a tiny x are lost, unlike expm1f
+    assert run("EXPM1", [1e-8]) == [0.0] and run("EXP", [100.0]) == [math.inf]
+    # SOFTPLUS: x itself above 20, logf(1 + expf(x)) up to 20
+    assert run("SOFTPLUS", [21.0, 100.0]) == [21.0, 100.0]
+    assert run("SOFTPLUS", [20.0])[0] == pytest.approx(20.0, abs=1e-6)
+    assert run("HARDSIGMOID", [-4.0, 0.0, 4.0]) == [0, 0.5, 1] and run("HARDSWISH", [-4.0, 4.0]) == [0, 4]
+    assert run("RELU", [-150.0, 150.0]) == [0, 150] and run("ELU", [-150.0]) == [-1]
+
+
+def test_gelu_quick_has_fp16_precision_like_ggml():
+    x = U(128, 2, 2, 2, lo=-150, hi=150)
+    out = np.empty_like(x)
+    K.forward_unary(x, out, UnaryOp.GELU_QUICK)
+    assert np.array_equal(out.astype(F16).astype(np.float32), out)      # every result an fp16 value
+    h = x.astype(F16).astype(np.float32)                # the table: ggml_gelu_quick_f32 at fp16(x), rounded
+    f32 = np.float32
+    with np.errstate(over="ignore"):
+        want = (h * (f32(1) / (f32(1) + np.exp(f32(-1.702) * h)))).astype(F16)
+    ulps = np.abs(out.astype(F16).view(np.int16).astype(int) - want.view(np.int16).astype(int))
+    assert ulps.max() <= 1 and (ulps == 0).mean() > 0.99
+    hx = x.astype(F16)                                  # F16: the table by the input's bits
+    ho = np.empty_like(hx)
+    K.forward_unary(hx, ho, UnaryOp.GELU_QUICK)
+    assert np.array_equal(ho, out.astype(F16))
+
+
+def test_gelu_erf_is_computed_not_looked_up():
+    x = U(128, 2, 2, 2, lo=-6, hi=6)
+    out = np.empty_like(x)
+    K.forward_unary(x, out, UnaryOp.GELU_ERF)
+    assert nmse(out, UNARY_REF["GELU_ERF"](x.astype(np.float64))) < 1e-13
+    assert not np.array_equal(out.astype(F16).astype(np.float32), out)
+
+
+def test_unary_rejects_what_ggml_rejects():
+    x = U(8, 2, 1, 1)
+    with pytest.raises(GGMLError, match="XIELU has no CPU kernel"):
+        K.forward_unary(x, np.empty_like(x), UnaryOp.XIELU)
+    with pytest.raises(GGMLError, match="not supported"):          # F32 in, F16 out: not a pair of ggml's
+        K.forward_unary(x, np.empty(x.shape, F16), UnaryOp.RELU)
+    with pytest.raises(GGMLError, match="not supported"):          # F16 in, F32 out: not for ops.cpp's four
+        K.forward_unary(x.astype(F16), np.empty_like(x), UnaryOp.SILU)
+    with pytest.raises(GGMLError, match="not supported"):
+        K.forward_unary(x, np.empty((1, 1, 2, 4), np.float32), UnaryOp.TANH)
+
+
 def test_rms_norm_and_norm():
     x = U(64, 5, 4, 3)
     xd = x.astype(np.float64)
@@ -415,6 +538,31 @@ def test_concat_every_dim(dim):
     assert np.array_equal(h, ref.astype(F16))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int16, np.int8, np.uint16])   # I32, I16, I8, BF16 bits
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_concat_moves_any_element_type(dtype, dim):
+    # test-backend-ops' I32 case: ne_a [11, 12, 13, 14], 7 along dim
+    rng = np.random.default_rng(dim)
+    info = np.iinfo(dtype)
+    ne_b = [11, 12, 13, 14]
+    ne_b[dim] = 7
+    a = rng.integers(info.min, info.max, (14, 13, 12, 11), endpoint=True).astype(dtype)
+    b = rng.integers(info.min, info.max, ne_b[::-1], endpoint=True).astype(dtype)
+    ref = np.concatenate([a, b], axis=3 - dim)
+    for nth in NTH:
+        out = run_threads(K.forward_concat, (a, b, OUT, dim), np.zeros(ref.shape, dtype), nth)
+        assert np.array_equal(out, ref)
+
+
+def test_concat_rejects_mixed_or_quantized_types():
+    a = np.zeros((1, 1, 2, 4), np.int32)
+    with pytest.raises(GGMLError, match="cannot be joined"):
+        K.forward_concat(a, a.astype(np.float32), np.zeros((1, 1, 4, 4), np.int32), 1)
+    q = np.zeros((1, 1, 2, 18), np.uint8)                       # Q4_0 rows: no concat of blocks
+    with pytest.raises(GGMLError, match="cannot be joined"):
+        K.forward_concat(q, q, np.zeros((1, 1, 4, 18), np.uint8), 1)
+
+
 def test_sum_sum_rows_mean_repeat():
     x = U(10, 5, 4, 3)
     xd = x.astype(np.float64)
@@ -467,6 +615,21 @@ def test_get_rows_every_type(t):
 def test_get_rows_index_out_of_range():
     with pytest.raises(GGMLError, match=r"row index -1 at src1\[2, 0, 0\] is out of range \[0, 5\)"):
         K.forward_get_rows(U(10, 5, 1, 1), np.array([[[[0, 1, -1]]]], np.int32), np.empty((1, 1, 3, 10), np.float32))
+
+
+@pytest.mark.parametrize("nth", NTH)
+def test_get_rows_i32_copies_rows_as_they_are(nth):
+    # I32 rows, including bit patterns that are NaNs and denormals as floats, come back unchanged
+    a = np.random.default_rng(8).integers(-2 ** 31, 2 ** 31, (2, 3, 5, 7), dtype=np.int64).astype(np.int32)
+    a[0, 0, 0, :3] = [-1, 0x7F800001, 1]
+    idx = np.random.default_rng(9).integers(0, 5, (1, 2, 3, 4)).astype(np.int32)
+    out = run_threads(K.forward_get_rows, (a, idx, OUT), np.full((2, 3, 4, 7), 12345, np.int32), nth)
+    want = np.stack([np.stack([a[i12, i11][idx[0, i12, i11]] for i11 in range(3)]) for i12 in range(2)])
+    assert np.array_equal(out, want)
+    K.forward_get_rows(a, idx, out, src0_type=Type.I32)
+    assert np.array_equal(out, want)
+    with pytest.raises(GGMLError, match="dst I32"):
+        K.forward_get_rows(a, idx, np.empty((2, 3, 4, 7), np.float32))
 
 
 @pytest.mark.parametrize("src_dt,dst_dt", [(np.float32, F16), (F16, np.float32), (np.float32, np.uint16),

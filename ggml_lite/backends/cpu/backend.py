@@ -24,7 +24,7 @@ _NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
 _CPU_OPS = {Op.DUP, Op.CPY, Op.CONT, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SCALE, Op.NORM, Op.RMS_NORM,
             Op.SOFT_MAX, Op.ROPE, Op.DIAG_MASK_INF, Op.GET_ROWS, Op.CONCAT, Op.SUM, Op.SUM_ROWS,
             Op.MEAN, Op.REPEAT, Op.MUL_MAT}
-_CPU_UNARY = {UnaryOp.SILU, UnaryOp.GELU}
+_CPU_UNARY = frozenset(UnaryOp) - {UnaryOp.XIELU, UnaryOp.COUNT}   # XIELU: no constructor, no kernel
 _CPU_GLU = {GluOp.SWIGLU}
 
 # %% book/07_backend.ipynb #cpu-backend-stream

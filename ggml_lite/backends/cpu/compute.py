@@ -100,7 +100,9 @@ from ggml_lite.backends.cpu import vec as V
 from ggml_lite.tensor import get_op_params_f32, get_op_params_i32
 
 _BINARY = {Op.ADD: K.forward_add, Op.SUB: K.forward_sub, Op.MUL: K.forward_mul, Op.DIV: K.forward_div}
-_UNARY = {UnaryOp.SILU: K.forward_silu, UnaryOp.GELU: K.forward_gelu}
+# ggml_compute_forward_unary's switch: one kernel, K.forward_unary(src0, dst, op), for every unary
+# op but XIELU (its four parameters have no constructor in the ops chapter)
+_UNARY = frozenset(UnaryOp) - {UnaryOp.XIELU, UnaryOp.COUNT}
 _REDUCE = {Op.SUM: K.forward_sum, Op.SUM_ROWS: K.forward_sum_rows, Op.MEAN: K.forward_mean,
            Op.REPEAT: K.forward_repeat}
 
@@ -140,10 +142,10 @@ def _prepare(node, wdata, n_threads, view):
         s, bias = _f32(node, 0), _f32(node, 1)
         return lambda ith, nth: K.forward_scale(a, d, s, bias, ith, nth)
     if op == Op.UNARY:
-        f = _UNARY.get(get_unary_op(node))
-        if f is None:
-            raise GGMLError(f"compute: unary op {get_unary_op(node).name} has no CPU kernel here")
-        return lambda ith, nth: f(a, d, ith, nth)
+        uop = get_unary_op(node)
+        if uop not in _UNARY:
+            raise GGMLError(f"compute: unary op {uop.name} has no CPU kernel here")
+        return lambda ith, nth: K.forward_unary(a, d, uop, ith, nth)
     if op == Op.GLU:
         swapped = bool(_i32(node, 1))
         return lambda ith, nth: K.forward_swiglu(a, b, d, swapped, ith, nth)
