@@ -9,7 +9,9 @@ CPU time is read from /proc/stat and this process's own CPU time from time.proce
 measurement also says how much CPU other processes took while it ran (`foreign_load`, in cores).
 """
 import os
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -73,3 +75,17 @@ def measure(fn, quick=False, min_time=0.5, min_reps=5, max_reps=5000, warmup=2):
     foreign = None if busy0 is None or wall < 0.2 else max(0.0, (busy1 - busy0) - cpu) / wall
     return dict(best=min(times), median=float(np.median(times)), reps=len(times), times=times,
                 own_cpu_per_wall=cpu / wall, foreign_load=foreign)
+
+
+def git_state():
+    """The commit measured, and the files of ggml_lite/ and bench/ (results aside) that differ
+    from it in the working tree (a shared checkout may hold others' uncommitted work)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*a):
+        r = subprocess.run(["git", *a], cwd=root, capture_output=True, text=True)
+        return r.stdout if r.returncode == 0 else None
+    status = git("status", "--porcelain", "--", "ggml_lite", "bench", ":!bench/results", ":!*__pycache__*")
+    changed = None if status is None else [line[3:] for line in status.splitlines() if line.strip()]
+    commit = git("rev-parse", "HEAD")
+    return dict(commit=commit and commit.strip(), dirty=None if changed is None else bool(changed), changed=changed)

@@ -13,6 +13,8 @@
 2. For each weight type, 4096x4096 times one column: graph_compute at 1 thread, the same without
    ggml_lite's Python layers (mul_mat's chunk kernel over every row, called once from Python),
    the src1 conversion alone, and nanoseconds per block of 32 weights.
+3. A suggestion for the kernels chapter, measured: vec_dot_f16 with an integer-arithmetic fp16
+   conversion instead of the table lookup.
 These are diagnostics, not part of the side-by-side table (bench/run.py); they reach into
 ggml_lite's internal (underscore) functions, so they follow its current code, not a stable API.
 """
@@ -33,7 +35,7 @@ from ggml_lite.backends.cpu import vec as V
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import activations, weights  # noqa: E402
+from common import _busy_seconds, activations, git_state, weights  # noqa: E402
 
 
 def best(fn, reps=200, warmup=3, min_time=0.3):
@@ -124,10 +126,14 @@ def matvec(types=("Q4_0", "Q8_0", "Q4_K", "F16", "F32"), m=4096, k=4096):
         b.numpy()[...] = x.reshape(b.numpy().shape)
         plan = ggml.graph_plan(gf, 1)
         plan.work_data = np.zeros(plan.work_size, np.uint8)
-        r = {"graph_compute": best(lambda: ggml.graph_compute(gf, plan), 20)}
         src0, src1, dst, wd = a.numpy(), b.numpy(), o.numpy(), plan.work_data
-        r["src1 conversion"] = best(lambda: V.forward_mul_mat_src1(t, src1, wd, 0, 1), 20)
-        r["chunk kernel over all rows"] = best(lambda: V.forward_mul_mat_chunk(t, src0, src1, dst, wd, 0, m, 0, 1), 20)
+        fns = {"graph_compute": lambda: ggml.graph_compute(gf, plan),
+               "src1 conversion": lambda: V.forward_mul_mat_src1(t, src1, wd, 0, 1),
+               "chunk kernel over all rows": lambda: V.forward_mul_mat_chunk(t, src0, src1, dst, wd, 0, m, 0, 1)}
+        r = {key: float("inf") for key in fns}
+        for _ in range(5):            # interleaved rounds, so a noisy moment hits all three alike
+            for key, fn in fns.items():
+                r[key] = min(r[key], best(fn, 10, min_time=0.05))
         r["ns per 32 weights"] = r["chunk kernel over all rows"] / (m * k / 32) * 1e9
         r["weight bytes"] = int(ggml.row_size(t, k) * m)
         r["GB/s"] = r["weight bytes"] / r["graph_compute"] / 1e9
@@ -136,14 +142,81 @@ def matvec(types=("Q4_0", "Q8_0", "Q4_K", "F16", "F32"), m=4096, k=4096):
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _h2f_bits(h):
+    """fp16 bits -> float32 with integer arithmetic only (no table): shift the exponent and
+    mantissa into place and rescale by 2**112 (which also normalises subnormals); inf/NaN keep
+    an all-ones exponent. LLVM can vectorise this, unlike a table lookup (a gather)."""
+    h32 = np.uint32(h)
+    bits = (h32 & 0x7FFF) << 13
+    f = np.float32(np.uint32(bits).view(np.float32) * np.float32(5.192296858534828e33))
+    if (h32 >> 10) & 31 == 31:
+        f = np.uint32(bits | np.uint32(0x7F800000)).view(np.float32)
+    return -f if h32 & 0x8000 else f
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _vec_dot_f16_bits(n, x, y):
+    s = np.float32(0.0)
+    for i in range(n):
+        s += _h2f_bits(x[i]) * _h2f_bits(y[i])
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _f16_rows(a, y, out, bits):
+    for r in range(a.shape[0]):
+        out[r] = _vec_dot_f16_bits(a.shape[1], a[r], y) if bits else V.vec_dot_f16(a.shape[1], a[r], y)
+
+
+@njit(cache=True)
+def _h2f_all(out):
+    for i in range(65536):
+        out[i] = _h2f_bits(np.uint16(i))
+
+
+def f16_variant(m=4096, k=4096):
+    """A suggestion for the kernels chapter, measured: vec_dot_f16 converting with integer
+    arithmetic instead of the 65536-entry table; the dots of every row of a 4096x4096 F16 matrix
+    with one F16 row, both ways, and whether the conversion is exact for all 65536 codes."""
+    a = weights(m, k).astype(np.float16).view(np.uint16)
+    y = activations(1, k)[0].astype(np.float16).view(np.uint16)
+    o1, o2 = np.zeros(m, np.float32), np.zeros(m, np.float32)
+    r = {"table lookup (vec_dot_f16 as it is)": float("inf"), "integer arithmetic": float("inf")}
+    for _ in range(5):
+        r["table lookup (vec_dot_f16 as it is)"] = min(r["table lookup (vec_dot_f16 as it is)"], best(lambda: _f16_rows(a, y, o1, False), 5, min_time=0.05))
+        r["integer arithmetic"] = min(r["integer arithmetic"], best(lambda: _f16_rows(a, y, o2, True), 5, min_time=0.05))
+    conv = np.zeros(65536, np.float32)
+    _h2f_all(conv)
+    ref = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    return dict(rows_s=r, same_dots=bool(np.array_equal(o1, o2)),
+                exact_all_codes=bool(np.array_equal(conv.view(np.uint32), ref.view(np.uint32))))
+
+
+def measure_all():
+    load = [float(v) for v in open("/proc/loadavg").read().split()[:3]]
+    busy0, cpu0, wall0 = _busy_seconds(), time.process_time(), time.perf_counter()
+    doc = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               git=git_state(), add_chain=add_chain(), matvec=matvec(), f16_variant=f16_variant(), loadavg=load)
+    wall = time.perf_counter() - wall0
+    doc["foreign_load"] = max(0.0, (_busy_seconds() - busy0) - (time.process_time() - cpu0)) / wall
+    doc["loadavg_after"] = [float(v) for v in open("/proc/loadavg").read().split()[:3]]
+    return doc
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "results" / "profile.json"))
     args = ap.parse_args()
-    load = [float(v) for v in open("/proc/loadavg").read().split()[:3]]
-    doc = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               add_chain=add_chain(), matvec=matvec(), loadavg=load,
-               loadavg_after=[float(v) for v in open("/proc/loadavg").read().split()[:3]])
+    doc = None
+    for attempt in range(1, 4):       # as bench/run.py: again if other processes took > 0.25 core
+        d = measure_all()
+        print(f"attempt {attempt}: other processes took {d['foreign_load']:.2f} core on average", flush=True)
+        if doc is None or d["foreign_load"] < doc["foreign_load"]:
+            doc = d
+        if d["foreign_load"] <= 0.25:
+            break
+        time.sleep(15)
     for k, v in doc["add_chain"]["per_node_s"].items():
         print(f"add chain, per node: {k:32s} {v * 1e6:8.2f} µs")
     for k, v in doc["add_chain"]["per_compute_s"].items():
@@ -152,6 +225,9 @@ def main():
         print(f"{name:5s} matvec: graph_compute {r['graph_compute'] * 1e3:7.3f} ms, kernel alone "
               f"{r['chunk kernel over all rows'] * 1e3:7.3f} ms, src1 conversion {r['src1 conversion'] * 1e6:6.1f} µs, "
               f"{r['ns per 32 weights']:5.2f} ns per 32 weights, {r['GB/s']:5.1f} GB/s of weights")
+    fv = doc["f16_variant"]
+    print("F16 row dots, 4096 rows: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in fv["rows_s"].items())
+          + f"; same dots: {fv['same_dots']}, conversion exact on all 65536 codes: {fv['exact_all_codes']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import workloads  # noqa: E402
+from common import git_state, workloads  # noqa: E402
 
 SIDES = ("ggml_lite", "numpy", "ggml")
 MODULES = {"ggml_lite": "peer_lite", "numpy": "peer_numpy", "ggml": "peer_ggml"}
@@ -90,14 +90,6 @@ def _mem_gib():
         return None
 
 
-def _git():
-    def git(*a):
-        r = subprocess.run(["git", *a], cwd=HERE.parent, capture_output=True, text=True)
-        return r.stdout.strip() if r.returncode == 0 else None
-    status = git("status", "--porcelain", "--", "ggml_lite", "bench", ":!bench/results")
-    return dict(commit=git("rev-parse", "HEAD"), dirty=None if status is None else bool(status))
-
-
 def machine_info():
     return dict(cpu=_cpu_model(), cpu_flags=_cpu_flags(), cores=os.cpu_count(),
                 cores_usable=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -112,7 +104,7 @@ def versions():
             out[name] = version(name)
         except Exception:
             out[name] = None
-    out["git"] = _git()
+    out["git"] = git_state()
     return out
 
 
