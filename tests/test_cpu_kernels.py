@@ -13,8 +13,10 @@ import threading
 import gguf
 import numpy as np
 import pytest
+from numba import njit
 
 from ggml_lite.backends.cpu import kernels as K
+from ggml_lite.backends.cpu import simd as S
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import UnaryOp
@@ -769,6 +771,52 @@ def test_q8_0_q8_0_and_q4_K_extremes_do_not_overflow():
     yk[4:260] = 127
     yk[260:] = np.full(16, 16 * 127, np.int16).view(np.uint8)
     assert V.vec_dot_q4_K_q8_K(256, xk, yk) == 63 * 15 * 127 * 256
+
+
+def test_q6_K_extremes_are_exact():
+    # every code -32, every scale -128, every activation -128: each int32 lane reaches 2^24
+    x = np.zeros(210, np.uint8)
+    x[192:208] = 0x80                                   # int8 scales -128
+    x[208:210] = np.array([F16(1.0)]).view(np.uint8)
+    y = np.zeros(292, np.uint8)
+    y[:4] = np.array([1.0], np.float32).view(np.uint8)
+    y[4:260] = 0x80
+    y[260:] = np.full(16, 16 * -128, np.int16).view(np.uint8)
+    assert V.vec_dot_q6_K_q8_K(256, x, y) == -(32 * 128 * 128 * 256)
+
+
+@njit(cache=False)
+def _simd_probe(a, b, s):
+    """Every Vec operation the kernels use, reduced to scalars that numpy can recompute."""
+    va, vb = S.vload(a, 0, 32), S.vload(b, 0, 32)
+    lo, hi = S.vload(a, 0, 16), S.vload(a, 16, 16)
+    ones = S.vload(np.ones(32, np.uint8), 0, 32)
+    acc = S.vzero(np.float32, 16)
+    acc += S.vfloat(S.vdot(va, vb)) * s
+    return (S.vsum(S.vdot(va, vb)),                                 # a unsigned
+            S.vsum(S.vdot(S.vi8(va), vb)),                          # a signed
+            S.vsum(S.vdot(va >> 3, ones)),                          # logical shift
+            S.vsum(S.vdot(S.vi8(va) >> 3, ones)),                   # arithmetic shift
+            S.vsum(S.vdot(((va & 15) | ((vb & 3) << 4)) - 40, ones)),  # wrapping byte arithmetic
+            S.vsum(S.vdot(S.vcat(hi, lo), vb)),
+            S.vsum(acc))
+
+
+def test_simd_operations_against_numpy():
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        a, b = rng.integers(0, 256, 32, dtype=np.uint8), rng.integers(0, 256, 32, dtype=np.uint8)
+        s = np.float32(rng.uniform(-2, 2))
+        ai, bi = a.astype(np.int64), b.view(np.int8).astype(np.int64)
+        pairs = (a.astype(np.int32) * bi.astype(np.int32)).reshape(16, 2).sum(1)
+        lanes = pairs.astype(np.float32) * s
+        while lanes.size > 1:                           # vsum's order: upper half onto lower half
+            lanes = lanes[:lanes.size // 2] + lanes[lanes.size // 2:]
+        wrapped = (((a & 15) | ((b & 3) << 4)) - 40).astype(np.uint8).astype(np.int64)
+        want = (int(ai @ bi), int(a.view(np.int8).astype(np.int64) @ bi), int((a >> 3).sum()),
+                int((a.view(np.int8) >> 3).astype(np.int64).sum()), int(wrapped.sum()),
+                int(np.concatenate([a[16:], a[:16]]).astype(np.int64) @ bi), lanes[0])
+        assert _simd_probe(a, b, s) == want
 
 
 @pytest.mark.parametrize("n", [1, 7, 64, 1000])

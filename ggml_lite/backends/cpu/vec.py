@@ -13,6 +13,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.kernels import _F16_TABLE, _quantize_row
+from ggml_lite.backends.cpu.simd import vcat, vdot, vfloat, vi8, vload, vsum, vzero
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,
                              get_scale_min_k4, get_type_traits, row_size, type_name, type_size)
@@ -71,115 +72,91 @@ def _i16(b, o):
     return np.int16(np.int32(b[o]) | (np.int32(b[o + 1]) << 8))
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots
-@njit(cache=True, nogil=True, error_model="numpy")
-def _lanes(k, n, x):
-    """k (16 or 32): the trip count of the inner loops over a block, written so that LLVM cannot
-    see it is a constant. A constant trip count gets the loop fully unrolled into scalar integer
-    code; an unknown one that can only be 0 or k (an AND with k) gets one k-wide vector loop.
-    For a row of whole blocks, n is a multiple of 2k, so (n - 1) & k == k; and
-    min(n, 2 * len(x)) == n, which hides n even when the caller passes a constant."""
-    return (min(n, 2 * x.shape[0]) - 1) & k
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
+# inline="always": numba pastes each kernel into the row loop of the mul_mat chunk (_vec_dot_rows).
+# A call per row would make a new array view of the weight row and pass it, with an atomic
+# increment and decrement of the weight buffer's reference count that every thread shares.
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_0_q8_0(n, x, y):
     """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per block the
-    integer dot of the codes, sum((q4 - 8) * q8), in int32; then one multiply by dx*dy."""
-    m16 = _lanes(16, n, x)               # = 16, see _lanes
-    s = np.float32(0.0)
+    32 codes minus 8 times the 32 int8 of y, summed in pairs into 16 int32 lanes, converted and
+    added to 16 float32 lanes times dx*dy; the lanes are summed once, at the end."""
+    acc = vzero(np.float32, 16)
     for ib in range(n // 32):
         xo, yo = ib * 18, ib * 34
-        sumi = np.int32(0)
-        for j in range(m16):             # byte j: element j (low nibble) and j+16 (high nibble)
-            v = x[xo + 2 + j]
-            sumi = np.int32(sumi + ((v & 15) - 8) * np.int8(y[yo + 2 + j])
-                            + ((v >> 4) - 8) * np.int8(y[yo + 18 + j]))
-        s += np.float32(sumi) * _h(x, xo) * _h(y, yo)
-    return s
+        q = vload(x, xo + 2, 16)                        # byte j: element j (low nibble), j+16 (high)
+        qx = vi8(vcat(q & 15, q >> 4) - 8)              # elements 0..31 as int8, -8..7
+        acc += vfloat(vdot(qx, vload(y, yo + 2, 32))) * (_h(x, xo) * _h(y, yo))
+    return vsum(acc)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_1_q8_1(n, x, y):
     """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s, where
     y's s = dy*sum(q8) was stored by the q8_1 quantizer."""
-    m16 = _lanes(16, n, x)
-    s = np.float32(0.0)
+    acc, offsets = vzero(np.float32, 16), np.float32(0.0)
     for ib in range(n // 32):
         xo, yo = ib * 20, ib * 36
-        sumi = np.int32(0)
-        for j in range(m16):
-            v = x[xo + 4 + j]
-            sumi = np.int32(sumi + (v & 15) * np.int8(y[yo + 4 + j]) + (v >> 4) * np.int8(y[yo + 20 + j]))
-        s += (_h(x, xo) * _h(y, yo)) * np.float32(sumi) + _h(x, xo + 2) * _h(y, yo + 2)
-    return s
+        q = vload(x, xo + 4, 16)
+        acc += vfloat(vdot(vcat(q & 15, q >> 4), vload(y, yo + 4, 32))) * (_h(x, xo) * _h(y, yo))
+        offsets += _h(x, xo + 2) * _h(y, yo + 2)
+    return vsum(acc) + offsets
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q8_0_q8_0(n, x, y):
-    """ggml_vec_dot_q8_0_q8_0: sum(qx*qy) per block in int32, times dx*dy."""
-    m16 = _lanes(16, n, x)
-    s = np.float32(0.0)
+    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in pairs, times dx*dy."""
+    acc = vzero(np.float32, 16)
     for ib in range(n // 32):
-        xo, yo = ib * 34, ib * 34
-        sumi = np.int32(0)
-        for j in range(m16):
-            sumi = np.int32(sumi + np.int8(x[xo + 2 + j]) * np.int8(y[yo + 2 + j])
-                            + np.int8(x[xo + 18 + j]) * np.int8(y[yo + 18 + j]))
-        s += np.float32(sumi) * (_h(x, xo) * _h(y, yo))
-    return s
+        o = ib * 34
+        acc += vfloat(vdot(vi8(vload(x, o + 2, 32)), vload(y, o + 2, 32))) * (_h(x, o) * _h(y, o))
+    return vsum(acc)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_K_q8_K(n, x, y):
-    """ggml_vec_dot_q4_K_q8_K: per super-block of 256, sum_j sc_j * sum(q4*q8) over the 8 sub-blocks
-    in int32, and the mins through y's bsums: d*yd*sumi - dmin*yd*sum_g(bsums_g * m_{g/2})."""
-    m32 = _lanes(32, n, x)
-    s = np.float32(0.0)
+    """ggml_vec_dot_q4_K_q8_K: per super-block of 256, each sub-block's pair sums of q4*q8 times
+    its 6-bit scale, in 16 int32 lanes, times d*yd; the mins go through y's bsums on the scalar
+    side, dmin*yd*sum_g(bsums_g * m_{g/2}), and are subtracted at the end."""
+    acc, mins = vzero(np.float32, 16), np.float32(0.0)
     for ib in range(n // 256):
         xo, yo = ib * 144, ib * 292
-        sumi, summ = 0, 0
+        sumi, summ = vzero(np.int32, 16), 0
         for j in range(4):               # 32 bytes of qs: sub-block 2j (low), 2j+1 (high nibbles)
             sc0, m0 = get_scale_min_k4(2 * j, x, xo + 4)
             sc1, m1 = get_scale_min_k4(2 * j + 1, x, xo + 4)
-            q4, q8 = xo + 16 + 32 * j, yo + 4 + 64 * j
-            lo, hi = np.int32(0), np.int32(0)
-            for l in range(m32):
-                v = x[q4 + l]
-                lo = np.int32(lo + (v & 15) * np.int8(y[q8 + l]))
-                hi = np.int32(hi + (v >> 4) * np.int8(y[q8 + 32 + l]))
-            sumi += np.int32(sc0) * lo + np.int32(sc1) * hi
+            q, q8 = vload(x, xo + 16 + 32 * j, 32), yo + 4 + 64 * j
+            sumi += vdot(q & 15, vload(y, q8, 32)) * sc0 + vdot(q >> 4, vload(y, q8 + 32, 32)) * sc1
             summ += (np.int32(_i16(y, yo + 260 + 8 * j)) + _i16(y, yo + 262 + 8 * j)) * np.int32(m0) \
                 + (np.int32(_i16(y, yo + 264 + 8 * j)) + _i16(y, yo + 266 + 8 * j)) * np.int32(m1)
         yd = _f(y, yo)
-        s += _h(x, xo) * yd * np.float32(sumi) - _h(x, xo + 2) * yd * np.float32(summ)
-    return s
+        acc += vfloat(sumi) * (_h(x, xo) * yd)
+        mins += _h(x, xo + 2) * yd * np.float32(summ)
+    return vsum(acc) - mins
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q6_K_q8_K(n, x, y):
-    """ggml_vec_dot_q6_K_q8_K: 6-bit codes (4 bits in ql, 2 in qh) minus 32, times q8, weighted by
-    the int8 scale of each sub-block of 16, summed in int32; d*yd at the end."""
-    m16 = _lanes(16, n, x)
-    s = np.float32(0.0)
+    """ggml_vec_dot_q6_K_q8_K: 6-bit codes (4 bits in ql, 2 in qh) minus 32, times q8 in pairs,
+    each sub-block of 16 weighted by its int8 scale, in 8 int32 lanes; d*yd at the end."""
+    acc = vzero(np.float32, 8)
     for ib in range(n // 256):
         xo, yo = ib * 210, ib * 292
-        sumi = 0
+        sumi = vzero(np.int32, 8)
         for h in range(2):               # two halves of 128 elements
             ql, qh, sc, q8 = xo + 64 * h, xo + 128 + 32 * h, xo + 192 + 8 * h, yo + 4 + 128 * h
             for g in range(2):           # l in [16g, 16g+16): elements l, l+32, l+64, l+96
-                c1, c2 = np.int8(x[sc + g]), np.int8(x[sc + g + 2])
-                c3, c4 = np.int8(x[sc + g + 4]), np.int8(x[sc + g + 6])
-                acc = np.int32(0)
-                for k in range(m16):
-                    l = 16 * g + k
-                    a, b, c = x[ql + l], x[ql + l + 32], x[qh + l]
-                    acc = np.int32(acc + c1 * (((a & 15) | ((c & 3) << 4)) - 32) * np.int8(y[q8 + l])
-                                   + c2 * (((b & 15) | (((c >> 2) & 3) << 4)) - 32) * np.int8(y[q8 + l + 32])
-                                   + c3 * (((a >> 4) | (((c >> 4) & 3) << 4)) - 32) * np.int8(y[q8 + l + 64])
-                                   + c4 * (((b >> 4) | (((c >> 6) & 3) << 4)) - 32) * np.int8(y[q8 + l + 96]))
-                sumi += acc
-        s += _h(x, xo + 208) * _f(y, yo) * np.float32(sumi)
-    return s
+                a, b, c = vload(x, ql + 16 * g, 16), vload(x, ql + 32 + 16 * g, 16), vload(x, qh + 16 * g, 16)
+                q1 = vi8(((a & 15) | ((c & 3) << 4)) - 32)
+                q2 = vi8(((b & 15) | ((c & 12) << 2)) - 32)
+                q3 = vi8(((a >> 4) | (c & 48)) - 32)
+                q4 = vi8(((b >> 4) | ((c >> 2) & 48)) - 32)
+                l = q8 + 16 * g
+                sumi += (vdot(q1, vload(y, l, 16)) * np.int8(x[sc + g])
+                         + vdot(q2, vload(y, l + 32, 16)) * np.int8(x[sc + g + 2])
+                         + vdot(q3, vload(y, l + 64, 16)) * np.int8(x[sc + g + 4])
+                         + vdot(q4, vload(y, l + 96, 16)) * np.int8(x[sc + g + 6]))
+        acc += vfloat(sumi) * (_h(x, xo + 208) * _f(y, yo))
+    return vsum(acc)
 
 # %% book/05_cpu_kernels.ipynb #kern-traits
 @dataclass(frozen=True)
@@ -283,16 +260,25 @@ def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk
 @njit(cache=True, nogil=True, error_model="numpy")
-def _vec_dot_q(t, n, x, y):
+def _vec_dot_rows(t, n, x, r0, r1, y, out):
+    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is looked up once
+    per call, and each branch is a loop around one kernel, pasted in (a type test and a call per
+    row cost about 10 %)."""
     if t == _Q4_0:
-        return vec_dot_q4_0_q8_0(n, x, y)
-    if t == _Q4_1:
-        return vec_dot_q4_1_q8_1(n, x, y)
-    if t == _Q8_0:
-        return vec_dot_q8_0_q8_0(n, x, y)
-    if t == _Q4_K:
-        return vec_dot_q4_K_q8_K(n, x, y)
-    return vec_dot_q6_K_q8_K(n, x, y)
+        for r in range(r0, r1):
+            out[r] = vec_dot_q4_0_q8_0(n, x[r], y)
+    elif t == _Q4_1:
+        for r in range(r0, r1):
+            out[r] = vec_dot_q4_1_q8_1(n, x[r], y)
+    elif t == _Q8_0:
+        for r in range(r0, r1):
+            out[r] = vec_dot_q8_0_q8_0(n, x[r], y)
+    elif t == _Q4_K:
+        for r in range(r0, r1):
+            out[r] = vec_dot_q4_K_q8_K(n, x[r], y)
+    else:
+        for r in range(r0, r1):
+            out[r] = vec_dot_q6_K_q8_K(n, x[r], y)
 
 
 def _vec_dot_flt(t, n, x, y):
@@ -321,9 +307,8 @@ def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
             for ir1 in range(iir1, min(iir1 + 16, ir1e)):
                 i13, rem = divmod(ir1, ne12 * ne11)
                 i12, i11 = divmod(rem, ne11)
-                xa, y, out = a[i13 // r3, i12 // r2], w[ir1 * rs:(ir1 + 1) * rs], d[i13, i12, i11]
-                for ir0 in range(iir0, min(iir0 + 16, ir0e)):
-                    out[ir0] = _vec_dot_q(t, n, xa[ir0], y)
+                _vec_dot_rows(t, n, a[i13 // r3, i12 // r2], iir0, min(iir0 + 16, ir0e),
+                              w[ir1 * rs:(ir1 + 1) * rs], d[i13, i12, i11])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
