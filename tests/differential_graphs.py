@@ -222,10 +222,15 @@ class _Graph:
                 b = self.cont(b)
             tb = self.t[b]
             return self.node("MUL_MAT", "F32", [tx["ne"][1], tb["ne"][1], tb["ne"][2], tb["ne"][3]], [x, b])
-        types = [t for t in WEIGHT_TYPES if k % TYPES[t][0] == 0]
-        if tx["type"] == "F16":
-            types = ["F16"]                       # src1 in src0's vec_dot_type
-        wt = c.pick(types)
+        wt = "F16" if tx["type"] == "F16" else c.pick(WEIGHT_TYPES)   # F16 src1: src0's vec_dot_type
+        blck = TYPES[wt][0]
+        if k % blck:                              # first an F32 projection to rows the blocks fit
+            x = self.need_rows(x)
+            tx = self.t[x]
+            kp = blck * c.pick((1, 2)) if blck < 256 else 256
+            w = self.input("F32", [k, kp, 1, 1], ("uniform", -(3.0 / k) ** 0.5, (3.0 / k) ** 0.5))
+            x = self.node("MUL_MAT", "F32", [kp] + tx["ne"][1:], [w, x])
+            tx, k = self.t[x], kp
         m = c.pick((1, 3, 8, 16, 33))
         w2, w3 = self.divisor(tx["ne"][2]), self.divisor(tx["ne"][3])
         scale = (3.0 / k) ** 0.5                  # keeps values about as large as x's

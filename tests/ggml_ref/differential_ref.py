@@ -139,8 +139,12 @@ def features(spec):
             out.add("MUL_MAT/" + spec["tensors"][t["src"][0]]["type"])
         if t["op"] == "GET_ROWS":
             out.add("GET_ROWS/" + spec["tensors"][t["src"][0]]["type"])
-        if t["op"] in ("UNARY", "GLU"):
-            out.add(t["op"] + "/" + t["p"]["kind"] + ("/split" if t["src"][1:2] != [None] else ""))
+        if t["op"] == "UNARY":
+            out.add(f"UNARY/{t['p']['kind']}")
+        if t["op"] == "GLU":
+            out.add(f"GLU/{t['p']['kind']}/" + ("fused" if t["src"][1] is None else "split"))
+        if t["op"] in G.BINARY + ("ROPE", "UNARY", "GLU", "SOFT_MAX"):
+            out.add(f"{t['op']}/{t['type']}/" + "/".join(spec["tensors"][j]["type"] for j in t["src"] if j is not None))
         if t["op"] == "CPY":
             out.add(f"CPY/{t['src_type']}/{t['type']}")
     return out
