@@ -53,55 +53,68 @@ def gelu_quick_table(x):
     return _f16(y)
 
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+_erf64 = np.vectorize(math.erf, otypes=[np.float64])
+_F = np.float32
+
+
+def _erf(x):
+    """erff: the correctly rounded float32 of erf."""
+    return _erf64(np.asarray(x, np.float64)).astype(np.float32)
 
 
 def _silu(x):
-    with np.errstate(over="ignore"):
-        return x / (1.0 + np.exp(-x))
+    return x / (_F(1) + np.exp(-x))
 
 
 def _hard(x):
-    return np.clip((x + 3.0) / 6.0, 0.0, 1.0)
+    return np.minimum(_F(1), np.maximum(_F(0), (x + _F(3)) / _F(6)))
 
 
+def _gelu_erf(x):
+    return _F(0.5) * x * (_F(1) + _erf(x * SQRT_2_INV))
+
+
+SQRT_2_INV = _F(0.70710678118654752440084436210484)
+
+# ggml's CPU unary functions (src/ggml-cpu/vec.h, unary-ops.cpp), in float32 as ggml computes
+# them, so that results that underflow or overflow in float32 do so here too.
 UNARY = {
     "ABS": np.abs,
     "SGN": np.sign,
     "NEG": np.negative,
-    "STEP": lambda x: (x > 0).astype(np.float64),
+    "STEP": lambda x: (x > 0).astype(np.float32),
     "TANH": np.tanh,
-    "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
-    "RELU": lambda x: np.maximum(x, 0.0),
-    "SIGMOID": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "GELU": lambda x: gelu_table(x).astype(np.float64),
-    "GELU_QUICK": lambda x: gelu_quick_table(x).astype(np.float64),
+    "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, _F(0)))),
+    "RELU": lambda x: np.maximum(x, _F(0)),
+    "SIGMOID": lambda x: _F(1) / (_F(1) + np.exp(-x)),
+    "GELU": gelu_table,
+    "GELU_QUICK": gelu_quick_table,
     "SILU": _silu,
     "HARDSWISH": lambda x: x * _hard(x),
     "HARDSIGMOID": _hard,
     "EXP": np.exp,
     "EXPM1": np.expm1,
-    "SOFTPLUS": lambda x: np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0)))),
-    "GELU_ERF": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "SOFTPLUS": lambda x: np.where(x > _F(20), x, np.log1p(np.exp(np.minimum(x, _F(20))))),
+    "GELU_ERF": _gelu_erf,
     "FLOOR": np.floor,
     "CEIL": np.ceil,
-    "ROUND": lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x),    # roundf: halves away from 0
+    "ROUND": lambda x: np.copysign(np.floor(np.abs(x.astype(np.float64)) + 0.5), x).astype(np.float32),  # roundf
     "TRUNC": np.trunc,
 }
 
 
 def _geglu(x, g):
-    y = gelu_table(x).astype(np.float64) * g
-    return np.where(np.asarray(x, np.float32) >= 10, x * g, y)
+    return np.where(x >= 10, x * g, gelu_table(x) * g)
 
 
 GLU = {   # (gate x, value g) -> y, as ggml_vec_*glu_f32
-    "REGLU": lambda x, g: np.where(x > 0, x * g, 0.0),
+    "REGLU": lambda x, g: np.where(x > 0, x * g, _F(0)),
     "GEGLU": _geglu,
     "SWIGLU": lambda x, g: _silu(x) * g,
-    "GEGLU_ERF": lambda x, g: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))) * g,
-    "GEGLU_QUICK": lambda x, g: gelu_quick_table(x).astype(np.float64) * g,
+    "GEGLU_ERF": lambda x, g: _gelu_erf(x) * g,
+    "GEGLU_QUICK": lambda x, g: gelu_quick_table(x) * g,
 }
+
 
 def q8_0_cpu_roundtrip(x) -> np.ndarray:
     """What ggml's x86 CPU backend stores for F32 -> Q8_0 (quantize_row_q8_0 in
@@ -192,7 +205,7 @@ def reference(entry, srcs) -> np.ndarray:
         return B.round_to(typ, vals)
     if op == "UNARY":
         with np.errstate(over="ignore", invalid="ignore"):
-            return B.round_to(typ, UNARY[p["kind"]](a.astype(np.float64)))
+            return B.round_to(typ, UNARY[p["kind"]](a.astype(np.float32)))
     if op == "GLU":
         if srcs[1] is None:
             nc = a.shape[3] // 2
@@ -202,7 +215,7 @@ def reference(entry, srcs) -> np.ndarray:
         else:
             x, g = a, srcs[1]
         with np.errstate(over="ignore", invalid="ignore"):
-            return B.round_to(typ, GLU[p["kind"]](x.astype(np.float64), g.astype(np.float64)))
+            return B.round_to(typ, GLU[p["kind"]](x.astype(np.float32), g.astype(np.float32)))
     if op == "CONCAT":
         return np.concatenate([a, srcs[1]], axis=3 - p["dim"])
     if op in ("SUM_ROWS", "MEAN", "SUM"):
