@@ -494,10 +494,11 @@ def plain_bytes(type, values) -> np.ndarray:
     return np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
 
 
-def build(api, spec, ctx_in, ctx_graph):
+def build(api, spec, ctx_in, ctx_graph, outputs=None):
     """Make the spec's tensors with `api` (ggml_lite, or real ggml behind the same names):
-    inputs in ctx_in (flagged inputs), everything else in ctx_graph, every compute node flagged
-    an output. Returns the tensors, index for index."""
+    inputs in ctx_in (flagged inputs), everything else in ctx_graph, the compute nodes in
+    `outputs` (default: all) flagged outputs. Returns the tensors, index for index."""
+    outputs = set(compute_nodes(spec) if outputs is None else outputs)
     ts = []
     for i, t in enumerate(spec["tensors"]):
         op, p, ne = t["op"], t.get("p", {}), t["ne"]
@@ -553,7 +554,7 @@ def build(api, spec, ctx_in, ctx_graph):
         else:
             raise ValueError(f"unknown op {op}")
         api.set_name(r, f"t{i}")
-        if op not in ("INPUT",) + VIEW_OPS:
+        if i in outputs:
             api.set_output(r)
         ts.append(r)
     return ts
