@@ -33,7 +33,7 @@ BINARY = ("ADD", "SUB", "MUL", "DIV")
 UNARY_KINDS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU", "GELU_QUICK",
                "SILU", "HARDSWISH", "HARDSIGMOID", "EXP", "GELU_ERF", "FLOOR", "CEIL", "ROUND",
                "TRUNC", "SOFTPLUS", "EXPM1")
-GLU_KINDS = ("REGLU", "GEGLU", "SWIGLU", "GEGLU_ERF", "GEGLU_QUICK")
+GLU_KINDS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")
 MAX_NODES = 24
 
 
@@ -357,7 +357,13 @@ class _Graph:
         x = self.need_contiguous(x)
         tx = self.t[x]
         kind = c.pick(self.glu_kinds)
-        if c.pick(("fused", "split")) == "fused":
+        oai = {}
+        if kind == "SWIGLU_OAI":
+            # ggml_swiglu_oai(a, b, alpha, limit) is split only, and ggml's CPU kernel F32 only
+            if tx["type"] != "F32":
+                return None
+            oai = {"alpha": 1.702, "limit": c.pick((7.0, 0.5))}
+        if not oai and c.pick(("fused", "split")) == "fused":
             if tx["ne"][0] < 2:
                 return None
             swapped = c.pick((False, True))
@@ -371,7 +377,7 @@ class _Graph:
             g = self.need_contiguous(self.operand(tx["type"], tx["ne"]))
         swap = c.pick((False, True))              # x as the gate or as the value
         src = [g, x] if swap else [x, g]
-        return self.node("GLU", tx["type"], tx["ne"], src, {"kind": kind, "swapped": False})
+        return self.node("GLU", tx["type"], tx["ne"], src, {"kind": kind, "swapped": False, **oai})
 
     def concat(self, x):
         c, tx = self.c, self.t[x]
@@ -541,7 +547,9 @@ def build(api, spec, ctx_in, ctx_graph, outputs=None):
         elif op == "UNARY":
             r = api.unary(ctx, s[0], api.unary_op(p["kind"]))
         elif op == "GLU":
-            if s[1] is None:
+            if p["kind"] == "SWIGLU_OAI":
+                r = api.swiglu_oai(ctx, s[0], s[1], p["alpha"], p["limit"])
+            elif s[1] is None:
                 r = api.glu(ctx, s[0], api.glu_op(p["kind"]), p["swapped"])
             else:
                 r = api.glu_split(ctx, s[0], s[1], api.glu_op(p["kind"]))

@@ -107,6 +107,14 @@ def _geglu(x, g):
     return np.where(x >= 10, x * g, gelu_table(x) * g)
 
 
+def _swiglu_oai(x, g, alpha, limit):
+    """ggml_compute_forward_swiglu_oai_f32: x clipped above at limit, g clamped to [-limit,
+    limit], x / (1 + exp(-alpha x)) * (g + 1)."""
+    x = np.minimum(x, _F(limit))
+    y = np.clip(g, _F(-limit), _F(limit))
+    return x / (_F(1) + np.exp(_F(alpha) * -x)) * (y + _F(1))
+
+
 GLU = {   # (gate x, value g) -> y, as ggml_vec_*glu_f32
     "REGLU": lambda x, g: np.where(x > 0, x * g, _F(0)),
     "GEGLU": _geglu,
@@ -215,6 +223,8 @@ def reference(entry, srcs) -> np.ndarray:
         else:
             x, g = a, srcs[1]
         with np.errstate(over="ignore", invalid="ignore"):
+            if p["kind"] == "SWIGLU_OAI":
+                return _swiglu_oai(x.astype(np.float32), g.astype(np.float32), p["alpha"], p["limit"])
             return B.round_to(typ, GLU[p["kind"]](x.astype(np.float32), g.astype(np.float32)))
     if op == "CONCAT":
         return np.concatenate([a, srcs[1]], axis=3 - p["dim"])

@@ -93,9 +93,11 @@ def _probe_kinds():
         b = ggml.new_tensor_1d(ctx, Type.F32, 8)
         unary = [k for k in G.UNARY_KINDS
                  if ggml.backend_supports_op(backend, ggml.unary(ctx, a, UnaryOp[k]))]
-        glu = [k for k in G.GLU_KINDS
-               if ggml.backend_supports_op(backend, ggml.glu(ctx, a, GluOp[k], False))
+        glu = [k for k in G.GLU_KINDS if k != "SWIGLU_OAI"
+               and ggml.backend_supports_op(backend, ggml.glu(ctx, a, GluOp[k], False))
                and ggml.backend_supports_op(backend, ggml.glu_split(ctx, a, b, GluOp[k]))]
+        if hasattr(ggml, "swiglu_oai") and ggml.backend_supports_op(backend, ggml.swiglu_oai(ctx, a, b, 1.702, 7.0)):
+            glu.append("SWIGLU_OAI")
         return unary, glu
     finally:
         ggml.free(ctx)
@@ -420,6 +422,10 @@ def test_lite_agrees_with_ggml(k):
     spec = case["spec"]
     if not case["supported"]:
         pytest.skip(f"ggml's CPU backend refuses {case['refused']}")
+    kinds = {(e["op"], e["p"]["kind"]) for e in spec["tensors"] if e["op"] in ("UNARY", "GLU")}
+    missing = sorted(kinds - {("UNARY", u) for u in UNARY_OK} - {("GLU", g) for g in GLU_OK})
+    if missing:
+        pytest.skip(f"ggml_lite's CPU backend refuses (or has no constructor for) {missing}")
     run = run_lite(spec)
     if not run.supported:
         pytest.skip(f"ggml_lite's CPU backend refuses {run.refused}")
