@@ -30,27 +30,53 @@ def _f16(x):
     return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
+def _f32_of(f64_fn, x):
+    """A float32 function as a correctly rounded libm gives it: computed in float64, rounded
+    once (numpy's own float32 tanh / exp differ by CPU in the last place)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return f64_fn(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def _table(fn):
+    """ggml's fp16 tables (ggml_cpu_init): entry i = fp16(fn(the fp16 value with bits i))."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _f16(fn(x))
+
+
 def gelu_f32(x):
-    """ggml_gelu_f32, in float32 as ggml writes it."""
+    """ggml_gelu_f32: float32 arithmetic, tanhf."""
     x = np.asarray(x, np.float32)
-    with np.errstate(over="ignore"):
-        return np.float32(0.5) * x * (np.float32(1) + np.tanh(SQRT_2_OVER_PI * x * (np.float32(1) + GELU_COEF_A * x * x)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        arg = SQRT_2_OVER_PI * x * (np.float32(1) + GELU_COEF_A * x * x)
+        return np.float32(0.5) * x * (np.float32(1) + _f32_of(np.tanh, arg))
+
+
+def gelu_quick_f32(x):
+    """ggml_gelu_quick_f32: x * (1 / (1 + expf(-1.702 x)))."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x * (np.float32(1) / (np.float32(1) + _f32_of(np.exp, GELU_QUICK_COEF * x)))
+
+
+GELU_TABLE = _table(gelu_f32)
+GELU_QUICK_TABLE = _table(gelu_quick_f32)
+
+
+def _lookup(table, x):
+    return table[np.asarray(x, np.float32).astype(np.float16).view(np.uint16)]
 
 
 def gelu_table(x):
     """ggml's CPU GELU (GGML_GELU_FP16): 0 at x <= -10, x at x >= 10, else the fp16 table entry
-    fp16(gelu_f32(fp16(x)))."""
+    at fp16(x)."""
     x = np.asarray(x, np.float32)
-    t = _f16(gelu_f32(_f16(x)))
-    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, t))
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, _lookup(GELU_TABLE, x)))
 
 
 def gelu_quick_table(x):
     """ggml's CPU GELU_QUICK (GGML_GELU_QUICK_FP16): the fp16 table for every x."""
-    h = _f16(x)
-    with np.errstate(over="ignore"):
-        y = h * (np.float32(1) / (np.float32(1) + np.exp(GELU_QUICK_COEF * h)))
-    return _f16(y)
+    return _lookup(GELU_QUICK_TABLE, x)
 
 
 _erf64 = np.vectorize(math.erf, otypes=[np.float64])
@@ -62,8 +88,12 @@ def _erf(x):
     return _erf64(np.asarray(x, np.float64)).astype(np.float32)
 
 
+def _exp(x):
+    return _f32_of(np.exp, x)
+
+
 def _silu(x):
-    return x / (_F(1) + np.exp(-x))
+    return x / (_F(1) + _exp(-x))
 
 
 def _hard(x):
@@ -83,18 +113,18 @@ UNARY = {
     "SGN": np.sign,
     "NEG": np.negative,
     "STEP": lambda x: (x > 0).astype(np.float32),
-    "TANH": np.tanh,
-    "ELU": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, _F(0)))),
+    "TANH": lambda x: _f32_of(np.tanh, x),
+    "ELU": lambda x: np.where(x > 0, x, _f32_of(np.expm1, np.minimum(x, _F(0)))),
     "RELU": lambda x: np.maximum(x, _F(0)),
-    "SIGMOID": lambda x: _F(1) / (_F(1) + np.exp(-x)),
+    "SIGMOID": lambda x: _F(1) / (_F(1) + _exp(-x)),
     "GELU": gelu_table,
     "GELU_QUICK": gelu_quick_table,
     "SILU": _silu,
     "HARDSWISH": lambda x: x * _hard(x),
     "HARDSIGMOID": _hard,
-    "EXP": np.exp,
-    "EXPM1": np.expm1,
-    "SOFTPLUS": lambda x: np.where(x > _F(20), x, np.log1p(np.exp(np.minimum(x, _F(20))))),
+    "EXP": _exp,
+    "EXPM1": lambda x: _exp(x) - _F(1),                   # op_expm1: expf(x) - 1.0f, not expm1f
+    "SOFTPLUS": lambda x: np.where(x > _F(20), x, _f32_of(np.log, _F(1) + _exp(np.minimum(x, _F(20))))),
     "GELU_ERF": _gelu_erf,
     "FLOOR": np.floor,
     "CEIL": np.ceil,
@@ -112,7 +142,7 @@ def _swiglu_oai(x, g, alpha, limit):
     limit], x / (1 + exp(-alpha x)) * (g + 1)."""
     x = np.minimum(x, _F(limit))
     y = np.clip(g, _F(-limit), _F(limit))
-    return x / (_F(1) + np.exp(_F(alpha) * -x)) * (y + _F(1))
+    return x / (_F(1) + _exp(_F(alpha) * -x)) * (y + _F(1))
 
 
 GLU = {   # (gate x, value g) -> y, as ggml_vec_*glu_f32

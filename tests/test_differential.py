@@ -80,6 +80,17 @@ class LiteApi:
     def glu_op(name):
         return GluOp[name]
 
+    @staticmethod
+    def swiglu_oai(ctx, a, b, alpha, limit):
+        """ggml_swiglu_oai; while ggml_lite.ops has no such constructor, built as ggml's is: a
+        split SWIGLU_OAI node with alpha and limit in op_params[2] and [3]."""
+        if hasattr(ggml, "swiglu_oai"):
+            return ggml.swiglu_oai(ctx, a, b, alpha, limit)
+        r = ggml.glu_split(ctx, a, b, GluOp.SWIGLU_OAI)
+        ggml.set_op_params_f32(r, 2, alpha)
+        ggml.set_op_params_f32(r, 3, limit)
+        return r
+
 
 LITE = LiteApi()
 
@@ -96,7 +107,7 @@ def _probe_kinds():
         glu = [k for k in G.GLU_KINDS if k != "SWIGLU_OAI"
                and ggml.backend_supports_op(backend, ggml.glu(ctx, a, GluOp[k], False))
                and ggml.backend_supports_op(backend, ggml.glu_split(ctx, a, b, GluOp[k]))]
-        if hasattr(ggml, "swiglu_oai") and ggml.backend_supports_op(backend, ggml.swiglu_oai(ctx, a, b, 1.702, 7.0)):
+        if ggml.backend_supports_op(backend, LiteApi.swiglu_oai(ctx, a, b, 1.702, 7.0)):
             glu.append("SWIGLU_OAI")
         return unary, glu
     finally:
