@@ -20,7 +20,8 @@ these graphs (tests/ggml_ref/differential_ref.py): the references are checked ag
 own results there, and ggml_lite against both.
 
 Run: PYTHONHASHSEED=0 .venv/bin/python -m pytest tests/test_differential.py -q -p no:cacheprovider
-More examples: DIFFERENTIAL_EXAMPLES=4000 (the default is 500).
+More examples: DIFFERENTIAL_EXAMPLES=4000 (the default is 500); a larger fixture from real ggml:
+DIFFERENTIAL_FIXTURE=PREFIX (see tests/ggml_ref/differential_ref.py --out).
 """
 from __future__ import annotations
 
@@ -359,10 +360,13 @@ def test_a_refused_node_is_not_computed():
 # ---------------------------------------------------------------------------------------------
 
 def _load_fixture():
-    path = DATA / "differential_ref.json"
+    """tests/data/differential_ref.*, or DIFFERENTIAL_FIXTURE=PREFIX (PREFIX.json and PREFIX.npz
+    written by `differential_ref.py --first N --out PREFIX`, a larger check run)."""
+    prefix = Path(os.environ.get("DIFFERENTIAL_FIXTURE", DATA / "differential_ref"))
+    path = prefix.with_suffix(".json")
     if not path.exists():
         return None, None
-    return json.loads(path.read_text()), np.load(DATA / "differential_ref.npz")
+    return json.loads(path.read_text()), np.load(prefix.with_suffix(".npz"))
 
 
 FIX, RAW = _load_fixture()

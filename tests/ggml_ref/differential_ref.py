@@ -18,7 +18,12 @@ To re-run (ggml-python 0.0.45 bundles ggml 0.15.3):
 
     python3 -m venv /tmp/ggmlpy && /tmp/ggmlpy/bin/pip install ggml-python==0.0.45 numpy
     GGML_NO_BACKTRACE=1 /tmp/ggmlpy/bin/python tests/ggml_ref/differential_ref.py
+
+A larger check, not stored: `--first 2000 --out /tmp/diffbig` writes /tmp/diffbig.{json,npz};
+`DIFFERENTIAL_FIXTURE=/tmp/diffbig pytest tests/test_differential.py -k ggml` then runs the
+fixture tests on it.
 """
+import argparse
 import ctypes
 import json
 import sys
@@ -34,7 +39,7 @@ import differential_graphs as G  # noqa: E402
 
 OUT_JSON = TESTS / "data" / "differential_ref.json"
 OUT_NPZ = TESTS / "data" / "differential_ref.npz"
-N_FIRST = 48
+N_FIRST = 96
 MAX_SEED = 3000
 MAX_BYTES = 48 << 10
 
@@ -155,13 +160,20 @@ def size(spec):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--first", type=int, default=N_FIRST, help="graphs taken before only new features count")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write OUT.json and OUT.npz instead of the fixtures (a larger check run)")
+    args = ap.parse_args()
+    out_json, out_npz = (OUT_JSON, OUT_NPZ) if args.out is None else \
+        (args.out.with_suffix(".json"), args.out.with_suffix(".npz"))
     chosen, seen = [], set()
-    for seed in range(MAX_SEED):
+    for seed in range(max(MAX_SEED, 2 * args.first)):
         spec = G.generate(G.RandomChooser(seed))
         if size(spec) > MAX_BYTES:
             continue
         f = features(spec)
-        if len(chosen) < N_FIRST or f - seen:
+        if len(chosen) < args.first or f - seen:
             chosen.append(spec)
             seen |= f
     cases, arrays = [], {}
@@ -170,10 +182,11 @@ def main():
         cases.append(result)
         for i, raw in raws.items():
             arrays[f"c{k}_t{i}"] = raw
-        print(f"case {k}: {len(spec['tensors'])} tensors, supported={result['supported']}", flush=True)
-    OUT_JSON.write_text(json.dumps({"ggml": "0.15.3", "features": sorted(seen), "cases": cases}) + "\n")
-    np.savez_compressed(OUT_NPZ, **arrays)
-    print(f"wrote {OUT_JSON} and {OUT_NPZ}: {len(cases)} graphs, {len(seen)} features")
+        if not result["supported"]:
+            print(f"case {k}: ggml's CPU backend refuses nodes {result['refused']}", flush=True)
+    out_json.write_text(json.dumps({"ggml": "0.15.3", "features": sorted(seen), "cases": cases}) + "\n")
+    np.savez_compressed(out_npz, **arrays)
+    print(f"wrote {out_json} and {out_npz}: {len(cases)} graphs, {len(seen)} features")
 
 
 if __name__ == "__main__":
