@@ -311,6 +311,7 @@ def node_get_use_count(cgraph, node_idx):
 
 def graph_view(cgraph0, i0, i1):
     """ggml_graph_view: the nodes i0..i1-1 as a graph of size 0 sharing cgraph0's hash set."""
+    _check_graph(cgraph0, "graph_view")
     view = CGraph(0)
     view.nodes = cgraph0.nodes[i0:i1]
     view.use_counts, view.visited_hash_set = cgraph0.use_counts, cgraph0.visited_hash_set
@@ -321,6 +322,8 @@ def graph_view(cgraph0, i0, i1):
 
 def graph_cpy(src, dst):
     """ggml_graph_cpy: copy src's nodes, leafs, hash set and use counts into the (larger) dst."""
+    _check_graph(src, "graph_cpy")
+    _check_graph(dst, "graph_cpy")
     for what, need, have in (("n_leafs", src.n_leafs, dst.size), ("n_nodes", src.n_nodes, dst.size),
                              ("hash set size", src.hash_size, dst.hash_size)):
         if have < need:
@@ -346,6 +349,7 @@ def graph_dup(ctx, cgraph, force_grads=False):
 # %% book/04_graph.ipynb #graph-print
 def graph_print(cgraph, file=None):
     """ggml_graph_print: ggml's text dump of nodes and leafs (to stdout, or `file`)."""
+    graph_check_alive(cgraph, "graph_print")
     out = file if file is not None else sys.stdout
     lines = ["=== GRAPH ===", f"n_nodes = {cgraph.n_nodes}"]
     for i, node in enumerate(cgraph.nodes):
@@ -388,6 +392,7 @@ def graph_dump_dot(gb, gf=None, filename=None):
     """
     if filename is None and isinstance(gf, (str, os.PathLike)):
         gf, filename = None, gf
+    graph_check_alive(gb, "graph_dump_dot")
     addr = _addresses()
     out = ["digraph G {", "  newrank = true;", "  rankdir = TB;"]
     for i, node in enumerate(gb.nodes):

@@ -441,3 +441,21 @@ def test_draw_graph():
             if s is not None:
                 assert level[id(s)] < level[id(n)]
     plt.close("all")
+
+
+def test_graph_functions_refuse_a_graph_whose_memory_is_gone():
+    ctx = ggml.init(1 << 20)
+    x, y = _chain(ctx, 2)
+    gf = ggml.new_graph_custom(ctx, 16)
+    ggml.build_forward_expand(gf, y)
+    other = ggml.init(1 << 20)
+    dst = ggml.new_graph_custom(other, 16)
+    ggml.reset(ctx)
+    for where, call in [("graph_print", lambda: ggml.graph_print(gf, io.StringIO())),
+                        ("graph_dump_dot", lambda: ggml.graph_dump_dot(gf, None, None)),
+                        ("graph_cpy", lambda: ggml.graph_cpy(gf, dst)), ("graph_view", lambda: ggml.graph_view(gf, 0, 1)),
+                        ("graph_dup", lambda: ggml.graph_dup(other, gf)),
+                        ("graph_add_node", lambda: ggml.graph_add_node(gf, ggml.new_tensor_1d(other, F32, 4)))]:
+        with pytest.raises(GGMLError, match=rf"^{where}: the graph is gone: its context was reset"):
+            call()
+    assert dst.n_nodes == 0
