@@ -4,7 +4,8 @@
 prefix, as in graph_scenarios.py) and returns a dict:
 
 - `gf`: the graph (in a no_alloc context `ctx`);
-- `weights`: a list of `(ctx, backend_name, usage)`: contexts of weight tensors that the driver
+- `weights`: a list of `(ctx, backend_name, usage)`, one per layer (its matrices and norm
+  weights, as llama.cpp keeps a layer together): contexts of weight tensors that the driver
   allocates in a buffer of that backend's default buffer type, with that buffer usage
   ("weights" or "any");
 - `pins`: `(node_name, backend_name)` pairs for `backend_sched_set_tensor_backend`;
@@ -107,8 +108,6 @@ def build(G, spec):
         wctx = G.init(64 * 1024, None, True)
         weights.append((wctx, where, usage))
         w_ctxs.append(wctx)
-    nctx = G.init(64 * 1024, None, True)                     # norm weights: with layer 0's place
-    weights.append((nctx,) + tuple(weights[0][1:]))
     x = _named(G, G.new_tensor_2d(ctx, T.F32, N_EMBD, n_tok), "inp_embd")
     pos = _named(G, G.new_tensor_1d(ctx, T.I32, n_tok), "inp_pos")
     mask = _named(G, G.new_tensor_2d(ctx, T.F32, n_tok, n_tok), "kq_mask")
@@ -120,9 +119,9 @@ def build(G, spec):
         inputs += [pos, mask]
     for il in range(n_layer):
         if spec["graph"] == "ffn":
-            x = _ffn_layer(G, ctx, w_ctxs[il], nctx, spec["wtype"], il, x)
+            x = _ffn_layer(G, ctx, w_ctxs[il], w_ctxs[il], spec["wtype"], il, x)
         else:
-            x = _attn_layer(G, ctx, gf, w_ctxs[il], nctx, spec["wtype"], il, x, pos, mask, n_tok,
+            x = _attn_layer(G, ctx, gf, w_ctxs[il], w_ctxs[il], spec["wtype"], il, x, pos, mask, n_tok,
                             qkv_together=spec["graph"] == "llama")
     out = _named(G, G.rms_norm(ctx, x, EPS), "result_norm")
     G.set_output(out)
