@@ -91,10 +91,14 @@ def _backend_name(sched, t):
 
 # --- the decisions, against real ggml --------------------------------------------------------
 
+def _rpc_stand_in():
+    return PrivDevice(offload=lambda op: False, events=False, name="RPC").init_backend()
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_assignment_matches_ggml(name):
     ref = REF["scenarios"][name]
-    s, sched, backends = _setup(SCENARIOS[name])
+    s, sched, backends = _setup(SCENARIOS[name], extra={"RPC": _rpc_stand_in()})
     gf = s["gf"]
     assert ggml.backend_sched_alloc_graph(sched, gf)
     assert ggml.backend_sched_get_n_splits(sched) == ref["n_splits"]
@@ -160,7 +164,7 @@ class PrivBufferType(BackendBufferType):
         self.stats = stats
 
     def get_name(self):
-        return "PRIV"
+        return self.device.get_name()
 
     def alloc_buffer(self, size):
         return PrivBuffer(self, size)
@@ -223,7 +227,7 @@ class PrivBackend(Backend):
         self.work = np.zeros(0, np.uint8)
 
     def get_name(self):
-        return "PRIV"
+        return self.device.get_name()
 
     def graph_compute(self, cgraph):
         for node in cgraph.nodes:            # it reads only its own memory
@@ -264,10 +268,13 @@ class PrivBackend(Backend):
 
 class PrivDevice(BackendDevice):
     """A pretend GPU: ggml_lite's CPU kernels over memory the host cannot see. offload(op):
-    its offload_op (default: a batch of 32 or more, as ggml's GPU backends)."""
+    its offload_op (default: a batch of 32 or more, as ggml's GPU backends). As name="RPC" with
+    no offload_op and no events it stands in for ggml's RPC backend, whose supports_op says yes
+    to everything and whose supports_buft accepts only its own buffer type."""
 
-    def __init__(self, ops=None, offload=None, events=True):
+    def __init__(self, ops=None, offload=None, events=True, name="PRIV"):
         super().__init__(None)
+        self.name = name
         self.stats = PrivStats()
         self.buft = PrivBufferType(self, self.stats)
         self.ops = ops                 # None: every op the CPU backend computes
@@ -276,7 +283,7 @@ class PrivDevice(BackendDevice):
         self._cpu = backend_cpu_init().device
 
     def get_name(self):
-        return "PRIV"
+        return self.name
 
     def get_description(self):
         return "private-memory test device"

@@ -14,7 +14,9 @@ ggml-python built with BLAS (see tests/ggml_ref/README.md):
 
     GGML_NO_BACKTRACE=1 /tmp/ggmlpy/bin/python tests/ggml_ref/sched_ref.py
 
-ggml-python 0.0.45 bundles ggml 0.15.3. Binding pitfalls handled here:
+The RPC scenarios use a local rpc-server over the CPU device, started by this script in a child
+process at $GGML_RPC_ENDPOINT (default 127.0.0.1:50917); the RPC backend's name, which contains
+the endpoint, is stored as "RPC". ggml-python 0.0.45 bundles ggml 0.15.3. Binding pitfalls handled here:
 ggml_backend_sched_get_tensor_backend's restype truncates the pointer (called from the library
 with restype c_void_p); ggml_backend_sched_set_eval_callback needs a null callback object, not None.
 """
@@ -22,7 +24,10 @@ import ctypes
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import ggml.ggml as g
@@ -44,10 +49,44 @@ def backend_of(sched, t):
     return g.ggml_backend_name(ctypes.c_void_p(p)).decode() if p else None
 
 
+RPC_ENDPOINT = os.environ.get("GGML_RPC_ENDPOINT", "127.0.0.1:50917")
+RPC_NAMES = (f"RPC0[{RPC_ENDPOINT}]", f"RPC[{RPC_ENDPOINT}]")   # backend / device, buffer type
+
+
 def new_backend(name):
-    b = g.ggml_backend_blas_init() if name == "BLAS" else g.ggml_backend_cpu_init()
+    if name == "RPC":
+        b = g.ggml_backend_rpc_init(RPC_ENDPOINT.encode(), 0)
+        assert b, f"no rpc-server at {RPC_ENDPOINT}"
+    else:
+        b = g.ggml_backend_blas_init() if name == "BLAS" else g.ggml_backend_cpu_init()
     _KEEP.append(b)
     return b
+
+
+def start_rpc_server():
+    """A local rpc-server over the CPU device, in a child process (ggml_backend_rpc_start_server
+    does not return)."""
+    code = ("import ctypes, ggml.ggml as g; dev = g.ggml_backend_dev_by_name(b'CPU'); "
+            "arr = (ctypes.c_void_p * 1)(dev); "
+            f"g.ggml_backend_rpc_start_server({RPC_ENDPOINT.encode()!r}, None, 2, 1, arr)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    host, port = RPC_ENDPOINT.rsplit(":", 1)
+    for _ in range(100):
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"rpc-server did not start at {RPC_ENDPOINT}")
+
+
+def rpc_normalized(x):
+    """The RPC backend is named after its endpoint: store it as "RPC"."""
+    text = json.dumps(x)
+    for name in RPC_NAMES:
+        text = text.replace(name, "RPC")
+    return json.loads(text)
 
 
 SPLIT_RE = re.compile(r"^## SPLIT #(\d+): (\S+) # (\d+) inputs(?:: (.*))?$")
@@ -109,6 +148,9 @@ def run(name, spec, callback=False):
            "buffer_sizes": [g.ggml_backend_sched_get_buffer_size(sched, b) for b in backends],
            "debug": err["text"]}
     assert len(out["splits"]) == out["n_splits"], name
+    if "RPC" in spec["backends"]:
+        del out["debug"]             # its backend names are cut to 5 characters: "RPC[1"
+        out = rpc_normalized(out)
     if callback:
         fill_inputs(s)
         calls = []
@@ -131,8 +173,13 @@ def run(name, spec, callback=False):
 
 def main():
     result = {"ggml_version": g.ggml_version().decode(), "scenarios": {}}
-    for name, spec in sched_scenarios.SCENARIOS.items():
-        result["scenarios"][name] = run(name, spec, callback=name == sched_scenarios.CALLBACK_SCENARIO)
+    server = start_rpc_server()
+    try:
+        for name, spec in sched_scenarios.SCENARIOS.items():
+            result["scenarios"][name] = run(name, spec, callback=name == sched_scenarios.CALLBACK_SCENARIO)
+    finally:
+        server.kill()
+        server.wait()
     lines = [f" {json.dumps(name)}: {json.dumps(v)}" for name, v in result["scenarios"].items()]
     OUT.write_text(json.dumps({"ggml_version": result["ggml_version"]})[:-1] + ', "scenarios": {\n'
                    + ",\n".join(lines) + "\n}}\n")

@@ -166,6 +166,19 @@ def _scenarios():
                                             pins=[("ffn_up-1", "CPU"), ("attn_out-0", "BLAS")])
     s["llama-F32-32-four_layers"] = _spec("llama", 32, n_layer=4)
     s["natural-Q8_0-64-four_layers"] = _spec("natural", 64, "Q8_0", n_layer=4)
+    # a device with its own memory: ggml's RPC backend (a local rpc-server) and the CPU; the
+    # last layers' weights on the device, as llama.cpp's -ngl offloads them
+    rpc_places = {"rpc_all": ("RPC", "weights"), "rpc_half": _half(("CPU", "weights"), ("RPC", "weights")),
+                  "rpc_none": ("CPU", "weights")}
+    for place, weights in rpc_places.items():
+        for n_tok in (8, 64):
+            s[f"llama-F32-{n_tok}-{place}"] = _spec("llama", n_tok, weights=weights, backends=("RPC", "CPU"), n_layer=4)
+        s[f"ffn-Q8_0-64-{place}-blas"] = _spec("ffn", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
+        s[f"llama-Q8_0-64-{place}-blas"] = _spec("llama", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
+    s["llama-F32-8-rpc_half-parallel"] = _spec("llama", 8, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
+                                               n_layer=4, parallel=True)
+    s["llama-F32-64-rpc_half-pin"] = _spec("llama", 64, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
+                                           n_layer=4, pins=[("ffn_inp-1", "CPU"), ("kq-0", "RPC")])
     return s
 
 
