@@ -57,7 +57,7 @@ class BackendSchedSplit:
         return (f"BackendSchedSplit(backend_id={self.backend_id}, nodes {self.i_start}..{self.i_end - 1}, "
                 f"inputs={[t.name for t in self.inputs]})")
 
-
+# %% book/09_sched.ipynb #sched-state
 class BackendSched:
     """struct ggml_backend_sched: backends in priority order, one graph allocator over their
     buffer types, and what the last split decided. Made by backend_sched_new."""
@@ -356,7 +356,7 @@ def _make_copies(sched, src, backend_id, original_as_current):
             set_input(tensor_copy)
             set_output(tensor_copy)              # gallocr must never hand its memory to another
         _set_tensor_copy(sched, src, backend_id, c, tensor_copy)
-        sched.causes[_hash_id(sched, tensor_copy)] = "4.cpy"
+        sched.causes[id(tensor_copy)] = "4.cpy"   # not a key of the hash set, as in ggml
 
 
 def _needs_new_split(sched, node, split, cur):
@@ -511,7 +511,7 @@ def _assignments_text(sched, graph, level, causes):
         return backend_name(b) if b is not None else "NULL"
 
     def cause(t):
-        return sched.causes.get(_hash_id(sched, t), "") if causes else ""
+        return sched.causes.get(id(t), "") if causes else ""
 
     out, cur_split = [], 0
     for i, node in enumerate(graph.nodes):

@@ -669,6 +669,22 @@ except ImportError:                               # pragma: no cover
     B = None
 
 HARNESS = [c for i, c in enumerate(B.make_test_cases()) if i % 7 == 0] if B else []
+_CPU1 = backend_cpu_init()
+ggml.backend_cpu_set_n_threads(_CPU1, 1)     # the device computes on one thread too
+
+
+def _harness_on_cpu(case):
+    """The case on the CPU backend alone (its tensors in one CPU buffer), the same inputs."""
+    built = B.build_case(case, no_alloc=True, sentinels=False)
+    try:
+        buf = ggml.backend_alloc_ctx_tensors(built.ctx, _CPU1)
+        case.initialize_tensors(built, np.random.default_rng(B.case_seed(case)))
+        assert ggml.backend_graph_compute(_CPU1, built.gf) == Status.SUCCESS
+        out = B.tensor_values(built.out)
+        ggml.backend_buffer_free(buf)
+        return out
+    finally:
+        ggml.free(built.ctx)
 
 
 @pytest.mark.skipif(B is None, reason="the oracle harness is not here")
@@ -700,8 +716,11 @@ def test_oracle_harness_through_the_scheduler(case):
         ref = case.reference([B.tensor_values(t) if t is not None else None for t in srcs], out)
         dev.stats.reset()
         assert ggml.backend_sched_graph_compute(sched, built.gf) == Status.SUCCESS
-        verdict = B.compare(B.tensor_values(out), ref, case.max_nmse_err(), case.op)
+        got = B.tensor_values(out)
+        verdict = B.compare(got, ref, case.max_nmse_err(), case.op)
         assert verdict.ok, f"{case.name()} through the scheduler: {verdict}"
+        # the device runs the CPU's kernels: bit for bit what the CPU backend alone computes
+        assert np.array_equal(got, _harness_on_cpu(case), equal_nan=True)
         inputs = [t for sp in sched.splits if sched.backends[sp.backend_id] is priv for t in sp.inputs]
         st = dev.stats                   # user inputs: blocking copies; views of them: queued
         assert inputs and st.set_calls + st.async_calls == len(inputs)

@@ -7,7 +7,9 @@ graph_size 2048, op_offload on as llama.cpp has it), apply the user pins, and
 ggml_backend_sched_alloc_graph. Recorded: n_splits, n_copies, the backend of every node and leaf
 (by index in the graph), each split's backend and inputs (parsed from the GGML_SCHED_DEBUG=2 text,
 which is stored too), and ggml_backend_sched_get_buffer_size for each backend. For one scenario it
-also computes the graph with an eval callback and records the callback's calls.
+also computes the graph with an eval callback and records the callback's calls; and for one RPC
+scenario the first outputs of a fresh graph and of a graph reserved and then computed again
+(`graph_reuse`: the split at the reserve rewrote its sources).
 
 tests/test_sched.py reads tests/data/sched_ref.json and never needs ggml-python. It needs a
 ggml-python built with BLAS (see tests/ggml_ref/README.md):
@@ -171,17 +173,52 @@ def run(name, spec, callback=False):
     return out
 
 
+def graph_reuse(name="llama-F32-8-rpc_half"):
+    """The same graph reserved and then allocated and computed (the split rewrote its srcs at the
+    reserve), against a fresh graph: the first output values of each, same weights and inputs."""
+    out = {"scenario": name}
+    spec = sched_scenarios.SCENARIOS[name]
+    for how in ("fresh", "reused"):
+        s = sched_scenarios.build(GgmlPy(), spec)
+        backends = [new_backend(n) for n in spec["backends"]]
+        for wctx, where, usage in s["weights"]:
+            buf = g.ggml_backend_alloc_ctx_tensors(wctx, backends[spec["backends"].index(where)])
+            g.ggml_backend_buffer_set_usage(buf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            _KEEP.append(buf)
+            t = g.ggml_get_first_tensor(wctx)
+            while t:
+                n = g.ggml_nbytes(t)
+                data = (ctypes.c_float * (n // 4))(*([0.01] * (n // 4)))
+                g.ggml_backend_tensor_set(t, ctypes.cast(data, ctypes.c_void_p), 0, n)
+                t = g.ggml_get_next_tensor(wctx, t)
+        arr = (ctypes.c_void_p * len(backends))(*backends)
+        sched = g.ggml_backend_sched_new(arr, None, len(backends), 2048, False, True)
+        measure = s if how == "reused" else sched_scenarios.build(GgmlPy(), spec)
+        assert g.ggml_backend_sched_reserve(sched, measure["gf"])
+        assert g.ggml_backend_sched_alloc_graph(sched, s["gf"])
+        fill_inputs(s)
+        assert g.ggml_backend_sched_graph_compute(sched, s["gf"]) == 0
+        n = g.ggml_nbytes(s["out"])
+        vals = (ctypes.c_float * (n // 4))()
+        g.ggml_backend_tensor_get(s["out"], ctypes.cast(vals, ctypes.c_void_p), 0, n)
+        out[how] = [round(v, 6) for v in vals[:4]]
+        g.ggml_backend_sched_free(sched)
+    return out
+
+
 def main():
     result = {"ggml_version": g.ggml_version().decode(), "scenarios": {}}
     server = start_rpc_server()
     try:
         for name, spec in sched_scenarios.SCENARIOS.items():
             result["scenarios"][name] = run(name, spec, callback=name == sched_scenarios.CALLBACK_SCENARIO)
+        result["graph_reuse"] = graph_reuse()
     finally:
         server.kill()
         server.wait()
     lines = [f" {json.dumps(name)}: {json.dumps(v)}" for name, v in result["scenarios"].items()]
-    OUT.write_text(json.dumps({"ggml_version": result["ggml_version"]})[:-1] + ', "scenarios": {\n'
+    head = {"ggml_version": result["ggml_version"], "graph_reuse": result["graph_reuse"]}
+    OUT.write_text(json.dumps(head)[:-1] + ', "scenarios": {\n'
                    + ",\n".join(lines) + "\n}}\n")
     print(f"wrote {OUT}: {len(lines)} scenarios")
 
