@@ -14,7 +14,7 @@ scenario the first outputs of a fresh graph and of a graph reserved and then com
 tests/test_sched.py reads tests/data/sched_ref.json and never needs ggml-python. It needs a
 ggml-python built with BLAS (see tests/ggml_ref/README.md):
 
-    GGML_NO_BACKTRACE=1 /tmp/ggmlpy/bin/python tests/ggml_ref/sched_ref.py
+    GGML_NO_BACKTRACE=1 $GGMLPY tests/ggml_ref/sched_ref.py      ($GGMLPY: that python)
 
 The RPC scenarios use a local rpc-server over the CPU device, started by this script in a child
 process at $GGML_RPC_ENDPOINT (default 127.0.0.1:50917); the RPC backend's name, which contains
