@@ -13,20 +13,19 @@ from ggml_lite.alloc import (GallocrNeedsReserveError, gallocr_alloc_graph, gall
                              gallocr_get_buffer_size, gallocr_new_n, gallocr_reserve_n,
                              gallocr_reserve_n_size)
 from ggml_lite.backend import (BackendBufferUsage, BackendDevType, backend_buffer_is_host,
-                               backend_buffer_name, backend_dev_type, backend_event_free,
-                               backend_event_new, backend_event_record, backend_event_synchronize,
-                               backend_event_wait, backend_get_default_buffer_type,
-                               backend_get_device, backend_graph_compute_async,
-                               backend_graph_optimize, backend_name, backend_offload_op,
-                               backend_supports_buft,
-                               backend_supports_op, backend_synchronize, backend_tensor_copy,
-                               backend_buft_name)
+                               backend_buffer_name, backend_buft_name, backend_dev_type,
+                               backend_event_free, backend_event_new, backend_event_record,
+                               backend_event_synchronize, backend_event_wait,
+                               backend_get_default_buffer_type, backend_get_device,
+                               backend_graph_compute_async, backend_graph_optimize, backend_name,
+                               backend_offload_op, backend_supports_buft, backend_supports_op,
+                               backend_synchronize, backend_tensor_copy)
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import CGraph, graph_overhead_custom, graph_view, hash_size
 from ggml_lite.ops import Op, op_desc, op_name
-from ggml_lite.types import type_name
 from ggml_lite.tensor import (TENSOR_SIZE, TensorFlag, dup_tensor, format_name, free, init,
                               nbytes, set_input, set_output, view_tensor)
+from ggml_lite.types import type_name
 
 _log = logging.getLogger("ggml_lite.sched")
 
