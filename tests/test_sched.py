@@ -727,3 +727,19 @@ def test_oracle_harness_through_the_scheduler(case):
         assert st.set_bytes + st.async_bytes == sum(ggml.nbytes(t) for t in inputs)
     finally:
         ggml.free(built.ctx)
+
+
+def test_a_full_split_starts_another_and_the_sum_is_right():
+    """40 user inputs into ADDs on the device: 30 copies fill the first split, a second split
+    takes the other 10 (GGML_SCHED_MAX_SPLIT_INPUTS), and the sum comes out right."""
+    dev, priv = _priv()
+    spec = dict(SCENARIOS["fan_in-F32-40-rpc_pinned"], backends=["PRIV", "CPU"])
+    s, sched, _ = _setup(spec, extra={"PRIV": priv})
+    assert ggml.backend_sched_alloc_graph(sched, s["gf"])
+    assert [sp.n_inputs for sp in sched.splits] == [30, 10]
+    xs = [np.full(64, i + 1, np.float32) for i in range(40)]
+    for t, x in zip(s["inputs"], xs):
+        ggml.backend_tensor_set(t, x)
+    assert ggml.backend_sched_graph_compute(sched, s["gf"]) == Status.SUCCESS
+    assert np.array_equal(ggml.backend_tensor_get(s["out"]).reshape(-1), np.full(64, 820, np.float32))
+    assert dev.stats.set_calls == 40

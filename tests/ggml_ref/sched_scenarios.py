@@ -96,8 +96,29 @@ def _attn_layer(G, ctx, gf, wctx, nctx, wtype, il, x, pos, mask, n_tok, qkv_toge
     return _named(G, G.add(ctx, cur, ffn_inp), f"l_out-{il}")
 
 
+def _fan_in(G, spec):
+    """n_tok user inputs summed by a chain of ADDs, every ADD pinned to spec's first backend:
+    one split would need more than GGML_SCHED_MAX_SPLIT_INPUTS = 30 copies."""
+    ctx = G.init(8 * MB, None, True)
+    gf = G.new_graph_custom(ctx, spec.get("graph_size", 2048), False)
+    xs = []
+    for i in range(spec["n_tok"]):
+        x = _named(G, G.new_tensor_1d(ctx, G.Type.F32, N_EMBD), f"x{i}")
+        G.set_input(x)
+        xs.append(x)
+    acc, pins = xs[0], []
+    for i, x in enumerate(xs[1:], 1):
+        acc = _named(G, G.add(ctx, acc, x), f"acc{i}")
+        pins.append((f"acc{i}", spec["backends"][0]))
+    G.set_output(acc)
+    G.build_forward_expand(gf, acc)
+    return {"ctx": ctx, "gf": gf, "weights": [], "pins": pins, "inputs": xs, "out": acc}
+
+
 def build(G, spec):
     """The graph of spec; see the module docstring."""
+    if spec["graph"] == "fan_in":
+        return _fan_in(G, spec)
     T = G.Type
     n_tok, n_layer = spec["n_tok"], spec["n_layer"]
     ctx = G.init(8 * MB, None, True)
@@ -177,6 +198,8 @@ def _scenarios():
         s[f"llama-Q8_0-64-{place}-blas"] = _spec("llama", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
     s["llama-F32-8-rpc_half-parallel"] = _spec("llama", 8, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
                                                n_layer=4, parallel=True)
+    s["fan_in-F32-40-rpc_pinned"] = _spec("fan_in", 40, backends=("RPC", "CPU"))
+    s["fan_in-F32-29-rpc_pinned-parallel"] = _spec("fan_in", 29, backends=("RPC", "CPU"), parallel=True)
     s["llama-F32-64-rpc_half-pin"] = _spec("llama", 64, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
                                            n_layer=4, pins=[("ffn_inp-1", "CPU"), ("kq-0", "RPC")])
     return s
