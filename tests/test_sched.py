@@ -350,7 +350,7 @@ def _cpu_reference(spec, seed=0):
 
 
 def _spec(graph, n_tok, wtype="F32", weights=("CPU", "weights"), backends=("PRIV", "CPU"), **kw):
-    spec = sched_scenarios._spec(graph, n_tok, wtype, weights, backends, **kw)
+    spec = sched_scenarios.make_spec(graph, n_tok, wtype, weights, backends, **kw)
     return spec
 
 
@@ -391,7 +391,7 @@ def test_blas_and_cpu_compute_equals_cpu_alone(graph, wtype, n_tok):
 @pytest.mark.parametrize("parallel", [False, True])
 def test_private_device_compute_equals_cpu_alone(graph, where, parallel):
     dev, priv = _priv()
-    weights = sched_scenarios._half(("CPU", "weights"), ("PRIV", "weights")) if where == "half" else where
+    weights = sched_scenarios.half_layers(("CPU", "weights"), ("PRIV", "weights")) if where == "half" else where
     spec = _spec(graph, 33, "Q8_0", weights, parallel=parallel)
     s, sched, _ = _setup(spec, extra={"PRIV": priv})
     got = _compute(s, sched)
@@ -413,7 +413,7 @@ def _expected_traffic(sched):
 
 def test_split_inputs_are_copied_to_and_from_private_memory():
     dev, priv = _priv()
-    spec = _spec("llama", 8, weights=sched_scenarios._half(("CPU", "weights"), ("PRIV", "weights")))
+    spec = _spec("llama", 8, weights=sched_scenarios.half_layers(("CPU", "weights"), ("PRIV", "weights")))
     s, sched, _ = _setup(spec, extra={"PRIV": priv})
     assert ggml.backend_sched_alloc_graph(sched, s["gf"])
     _fill_inputs(s)
@@ -459,7 +459,7 @@ def test_user_input_goes_to_the_device_with_a_blocking_copy():
 
 def test_pipeline_parallel_copies_rotate_and_use_events():
     dev, priv = _priv()
-    spec = _spec("llama", 8, weights=sched_scenarios._half(("CPU", "weights"), ("PRIV", "weights")), parallel=True)
+    spec = _spec("llama", 8, weights=sched_scenarios.half_layers(("CPU", "weights"), ("PRIV", "weights")), parallel=True)
     ref = _cpu_reference(spec)
     s, sched, backends = _setup(spec, extra={"PRIV": priv})
     used = []
@@ -514,7 +514,7 @@ def _buffers(sched):
 
 def test_recompute_of_the_same_shape_allocates_no_tensor_memory():
     dev, priv = _priv()
-    spec = _spec("llama", 33, weights=sched_scenarios._half(("CPU", "weights"), ("PRIV", "weights")))
+    spec = _spec("llama", 33, weights=sched_scenarios.half_layers(("CPU", "weights"), ("PRIV", "weights")))
     s, sched, backends = _setup(spec, extra={"PRIV": priv})
     by_name = dict(zip(spec["backends"], backends))
     assert ggml.backend_sched_reserve(sched, s["gf"])            # the measure graph
@@ -552,7 +552,7 @@ def test_recompute_of_the_same_shape_allocates_no_tensor_memory():
 
 def test_a_graph_split_with_copies_cannot_be_split_again():
     dev, priv = _priv()
-    spec = _spec("llama", 8, weights=sched_scenarios._half(("CPU", "weights"), ("PRIV", "weights")))
+    spec = _spec("llama", 8, weights=sched_scenarios.half_layers(("CPU", "weights"), ("PRIV", "weights")))
     s, sched, _ = _setup(spec, extra={"PRIV": priv})
     assert ggml.backend_sched_reserve(sched, s["gf"])
     with pytest.raises(GGMLError, match="split before.*PRIV#.*#0.*build the graph again"):

@@ -151,7 +151,7 @@ def build(G, spec):
             "out": out}
 
 
-def _half(where_first, where_rest):
+def half_layers(where_first, where_rest):
     """The first half of the layers' weights in one place, the rest in another (llama.cpp's
     -ngl N offloads the last N layers)."""
     def place(il, n_layer):
@@ -159,7 +159,7 @@ def _half(where_first, where_rest):
     return place
 
 
-def _spec(graph, n_tok, wtype="F32", weights=("CPU", "weights"), backends=("BLAS", "CPU"),
+def make_spec(graph, n_tok, wtype="F32", weights=("CPU", "weights"), backends=("BLAS", "CPU"),
           parallel=False, pins=(), n_layer=2):
     return {"graph": graph, "n_tok": n_tok, "wtype": wtype, "weights": weights,
             "backends": list(backends), "parallel": parallel, "pins": list(pins), "n_layer": n_layer}
@@ -170,37 +170,37 @@ def _scenarios():
     for graph in ("ffn", "llama"):
         for wtype in ("F32", "Q8_0"):
             for n_tok in (1, 8, 31, 32, 33, 64):
-                s[f"{graph}-{wtype}-{n_tok}-cpu"] = _spec(graph, n_tok, wtype)
+                s[f"{graph}-{wtype}-{n_tok}-cpu"] = make_spec(graph, n_tok, wtype)
     for n_tok in (1, 32, 64):
-        s[f"natural-F32-{n_tok}-cpu"] = _spec("natural", n_tok)
-        s[f"llama-Q4_0-{n_tok}-blas"] = _spec("llama", n_tok, "Q4_0", weights=("BLAS", "weights"))
-        s[f"llama-F32-{n_tok}-any"] = _spec("llama", n_tok, weights=("CPU", "any"))
-        s[f"llama-F32-{n_tok}-half"] = _spec("llama", n_tok, weights=_half(("CPU", "any"), ("BLAS", "weights")))
-        s[f"llama-F32-{n_tok}-parallel"] = _spec("llama", n_tok, parallel=True)
-        s[f"ffn-Q8_0-{n_tok}-parallel"] = _spec("ffn", n_tok, "Q8_0", parallel=True)
-        s[f"llama-F32-{n_tok}-cpu_only"] = _spec("llama", n_tok, backends=("CPU",))
-        s[f"llama-F32-{n_tok}-two_cpus"] = _spec("llama", n_tok, backends=("CPU", "CPU"))
-    s["ffn-F32-64-pin_down_cpu"] = _spec("ffn", 64, pins=[("down-0", "CPU")])
-    s["llama-F32-64-pin_q_cpu"] = _spec("llama", 64, pins=[("Qcur-0", "CPU"), ("Qrope-1", "CPU")])
-    s["llama-F32-8-pin_norm_blas"] = _spec("llama", 8, pins=[("norm-0", "BLAS"), ("ffn_silu-1", "BLAS")])
-    s["llama-Q8_0-64-pin_parallel"] = _spec("llama", 64, "Q8_0", parallel=True,
+        s[f"natural-F32-{n_tok}-cpu"] = make_spec("natural", n_tok)
+        s[f"llama-Q4_0-{n_tok}-blas"] = make_spec("llama", n_tok, "Q4_0", weights=("BLAS", "weights"))
+        s[f"llama-F32-{n_tok}-any"] = make_spec("llama", n_tok, weights=("CPU", "any"))
+        s[f"llama-F32-{n_tok}-half"] = make_spec("llama", n_tok, weights=half_layers(("CPU", "any"), ("BLAS", "weights")))
+        s[f"llama-F32-{n_tok}-parallel"] = make_spec("llama", n_tok, parallel=True)
+        s[f"ffn-Q8_0-{n_tok}-parallel"] = make_spec("ffn", n_tok, "Q8_0", parallel=True)
+        s[f"llama-F32-{n_tok}-cpu_only"] = make_spec("llama", n_tok, backends=("CPU",))
+        s[f"llama-F32-{n_tok}-two_cpus"] = make_spec("llama", n_tok, backends=("CPU", "CPU"))
+    s["ffn-F32-64-pin_down_cpu"] = make_spec("ffn", 64, pins=[("down-0", "CPU")])
+    s["llama-F32-64-pin_q_cpu"] = make_spec("llama", 64, pins=[("Qcur-0", "CPU"), ("Qrope-1", "CPU")])
+    s["llama-F32-8-pin_norm_blas"] = make_spec("llama", 8, pins=[("norm-0", "BLAS"), ("ffn_silu-1", "BLAS")])
+    s["llama-Q8_0-64-pin_parallel"] = make_spec("llama", 64, "Q8_0", parallel=True,
                                             pins=[("ffn_up-1", "CPU"), ("attn_out-0", "BLAS")])
-    s["llama-F32-32-four_layers"] = _spec("llama", 32, n_layer=4)
-    s["natural-Q8_0-64-four_layers"] = _spec("natural", 64, "Q8_0", n_layer=4)
+    s["llama-F32-32-four_layers"] = make_spec("llama", 32, n_layer=4)
+    s["natural-Q8_0-64-four_layers"] = make_spec("natural", 64, "Q8_0", n_layer=4)
     # a device with its own memory: ggml's RPC backend (a local rpc-server) and the CPU; the
     # last layers' weights on the device, as llama.cpp's -ngl offloads them
-    rpc_places = {"rpc_all": ("RPC", "weights"), "rpc_half": _half(("CPU", "weights"), ("RPC", "weights")),
+    rpc_places = {"rpc_all": ("RPC", "weights"), "rpc_half": half_layers(("CPU", "weights"), ("RPC", "weights")),
                   "rpc_none": ("CPU", "weights")}
     for place, weights in rpc_places.items():
         for n_tok in (8, 64):
-            s[f"llama-F32-{n_tok}-{place}"] = _spec("llama", n_tok, weights=weights, backends=("RPC", "CPU"), n_layer=4)
-        s[f"ffn-Q8_0-64-{place}-blas"] = _spec("ffn", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
-        s[f"llama-Q8_0-64-{place}-blas"] = _spec("llama", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
-    s["llama-F32-8-rpc_half-parallel"] = _spec("llama", 8, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
+            s[f"llama-F32-{n_tok}-{place}"] = make_spec("llama", n_tok, weights=weights, backends=("RPC", "CPU"), n_layer=4)
+        s[f"ffn-Q8_0-64-{place}-blas"] = make_spec("ffn", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
+        s[f"llama-Q8_0-64-{place}-blas"] = make_spec("llama", 64, "Q8_0", weights=weights, backends=("RPC", "BLAS", "CPU"), n_layer=4)
+    s["llama-F32-8-rpc_half-parallel"] = make_spec("llama", 8, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
                                                n_layer=4, parallel=True)
-    s["fan_in-F32-40-rpc_pinned"] = _spec("fan_in", 40, backends=("RPC", "CPU"))
-    s["fan_in-F32-29-rpc_pinned-parallel"] = _spec("fan_in", 29, backends=("RPC", "CPU"), parallel=True)
-    s["llama-F32-64-rpc_half-pin"] = _spec("llama", 64, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
+    s["fan_in-F32-40-rpc_pinned"] = make_spec("fan_in", 40, backends=("RPC", "CPU"))
+    s["fan_in-F32-29-rpc_pinned-parallel"] = make_spec("fan_in", 29, backends=("RPC", "CPU"), parallel=True)
+    s["llama-F32-64-rpc_half-pin"] = make_spec("llama", 64, weights=rpc_places["rpc_half"], backends=("RPC", "CPU"),
                                            n_layer=4, pins=[("ffn_inp-1", "CPU"), ("kq-0", "RPC")])
     return s
 
