@@ -743,3 +743,16 @@ def test_a_full_split_starts_another_and_the_sum_is_right():
     assert ggml.backend_sched_graph_compute(sched, s["gf"]) == Status.SUCCESS
     assert np.array_equal(ggml.backend_tensor_get(s["out"]).reshape(-1), np.full(64, 820, np.float32))
     assert dev.stats.set_calls == 40
+
+
+def test_reserve_size_measures_without_allocating():
+    spec = SCENARIOS["llama-F32-64-rpc_half"]
+    s, sched, backends = _setup(spec, extra={"RPC": _rpc_stand_in()})
+    sizes = ggml.backend_sched_reserve_size(sched, s["gf"])
+    assert all(b is None for b in sched.galloc.buffers)
+    s2, sched2, backends2 = _setup(spec, extra={"RPC": _rpc_stand_in()})
+    assert ggml.backend_sched_reserve(sched2, s2["gf"])
+    assert sizes == [ggml.backend_sched_get_buffer_size(sched2, b) for b in backends2]
+    assert sizes == REF["scenarios"]["llama-F32-64-rpc_half"]["buffer_sizes"]     # real ggml's, after alloc
+    ggml.backend_sched_free(sched2)
+    assert all(b is None for b in sched2.galloc.buffers) and sched2.ctx is None
