@@ -38,7 +38,7 @@ def test_n_tasks_follow_ggml():
     ctx = ggml.init(1 << 20)
     a = ggml.new_tensor_2d(ctx, F32, 8, 3)
     assert ggml.get_n_tasks(ggml.add(ctx, a, a), 4) == 4
-    assert ggml.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml: SUB runs on one thread
+    assert ggml.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml counts one task for SUB
     assert ggml.get_n_tasks(ggml.soft_max(ctx, a), 8) == 3        # min(n_threads, rows)
     assert ggml.get_n_tasks(ggml.sum(ctx, a), 4) == 1
     assert ggml.get_n_tasks(ggml.silu(ctx, a), 4) == 4
