@@ -11,6 +11,7 @@ from ggml_lite.backend import (Backend, BackendDevCaps, BackendDevice, BackendDe
                                backend_cpu_buffer_type, guid_matches)
 from ggml_lite.backends.cpu.compute import VIEW_OPS
 from ggml_lite.core import GGMLError, Status
+from ggml_lite.graph import graph_check_alive
 from ggml_lite.ops import Op, op_desc
 from ggml_lite.tensor import TensorFlag, is_contiguous, is_matrix, is_transposed
 from ggml_lite.types import Type, dequantize_rows, get_type_traits, row_size, type_name
@@ -85,6 +86,7 @@ class _BLASBackend(Backend):
         return "BLAS"
 
     def graph_compute(self, cgraph):
+        graph_check_alive(cgraph, "BLAS graph_compute")
         nodes = [n for n in cgraph.nodes if n.flags & TensorFlag.COMPUTE and n.op not in VIEW_OPS]
         for node in nodes:                  # all checked before any is computed
             if not _blas_supports_op(node):

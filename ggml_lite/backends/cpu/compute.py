@@ -450,6 +450,8 @@ def get_n_tasks(node, n_threads):
     return cpu_check_node(node).n_tasks(node, n_threads)
 
 # %% book/06_cpu_compute.ipynb #9cca3844
+from ggml_lite.graph import graph_check_alive
+
 MIN_WORK_PER_NODE = 1 << 16      # nodes with less work run on one thread (see "The compute loop")
 
 
@@ -479,7 +481,9 @@ def _computes(node):
 
 def graph_plan(cgraph, n_threads=DEFAULT_N_THREADS, threadpool=None):
     """ggml_graph_plan: the thread count and work-buffer size for computing cgraph. A node the
-    CPU has no kernel for (its op, kind, types or layout) raises GGMLError here, naming it."""
+    CPU has no kernel for (its op, kind, types or layout) raises GGMLError here, naming it, and so
+    does a graph whose memory is gone (its context freed with the pool it owned, or reset)."""
+    graph_check_alive(cgraph, "graph_plan")
     if threadpool is not None:
         n_threads = threadpool.n_threads
     if n_threads <= 0:
@@ -597,6 +601,7 @@ class _Prepared:
 
 def graph_compute(cgraph, cplan):
     """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads."""
+    graph_check_alive(cgraph, "graph_compute")      # a tensor whose memory is gone is refused
     if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
         have = 0 if cplan.work_data is None else cplan.work_data.nbytes
         raise GGMLError(f"graph_compute: GGML_ASSERT(cplan->work_size == 0 || cplan->work_data != NULL) "
