@@ -222,3 +222,40 @@ def test_n_tasks_and_work_size_come_from_the_table(n_threads):
         ggml.build_forward_expand(gf, node)
         plan = ggml.graph_plan(gf, n_threads)
         assert plan.work_size == (work + ggml.CACHE_LINE_SIZE * n_threads if work else 0)
+
+
+@pytest.mark.parametrize("wtype,xtype", [(Type.F32, Type.F32), (Type.F16, Type.F16), (Type.F16, Type.F32),
+                                         (Type.BF16, Type.BF16), (Type.Q4_0, Type.F32), (Type.Q4_K, Type.F32),
+                                         (Type.Q4_0, Type.Q8_0), (Type.Q4_K, Type.Q8_K), (Type.F32, Type.F16),
+                                         (Type.Q8_0, Type.F16)])
+def test_mul_mat_claims_every_pair_it_computes(wtype, xtype):
+    """mul_mat's row: claimed pairs compute the product of the stored values; the others (activations
+    already quantized, F16 activations for F32 or quantized weights) are refused before any kernel."""
+    rng = np.random.default_rng(3)
+    ctx = ggml.init(mem_size=8 << 20)
+    K, M, N = 256, 8, 6
+    w, x = ggml.new_tensor_2d(ctx, wtype, K, M), ggml.new_tensor_2d(ctx, xtype, K, N)
+    vals = {}
+    for t, rows in ((w, M), (x, N)):
+        f = rng.uniform(-1, 1, (rows, K)).astype(np.float32)
+        if ggml.is_quantized(t.type):
+            q = ggml.quantize_chunk(t.type, f)
+            t.numpy()[0, 0] = q
+            vals[id(t)] = ggml.dequantize_rows(t.type, q, K)
+        else:
+            B.write_raw(t, {Type.F32: f, Type.F16: f.astype(np.float16)}.get(t.type, B.bf16_bits(f)))
+            vals[id(t)] = B.tensor_values(t)[0, 0]
+    y = ggml.mul_mat(ctx, w, x)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    claimed = ggml.cpu_supports_op(y)
+    assert claimed == (xtype == Type.F32 or xtype == wtype and not ggml.is_quantized(xtype))
+    if not claimed:
+        y.numpy()[...] = 7.0
+        with pytest.raises(GGMLError, match="MUL_MAT"):
+            ggml.graph_compute_with_ctx(ctx, gf, 2)
+        assert (y.numpy() == 7.0).all()
+        return
+    assert ggml.graph_compute_with_ctx(ctx, gf, 2) == ggml.Status.SUCCESS
+    ref = vals[id(x)].astype(np.float64) @ vals[id(w)].astype(np.float64).T
+    assert B.nmse(y.numpy()[0, 0], ref) < 5e-4

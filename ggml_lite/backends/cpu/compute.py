@@ -274,8 +274,9 @@ def _supports_mul_mat(node):
     if src0.type not in V.MUL_MAT_TYPES:
         return f"no dot product for src0 {type_name(src0.type)} (have {_names(sorted(V.MUL_MAT_TYPES))})"
     vdt = V.get_type_traits_cpu(src0.type).vec_dot_type
-    if src1.type not in (Type.F32, vdt):
-        return f"src1 must be F32 or {type_name(vdt)}, the vec_dot_type of {type_name(src0.type)}"
+    if src1.type != Type.F32 and (src1.type != vdt or is_quantized(vdt)):
+        return (f"src1 must be F32{f' or {type_name(vdt)}' if not is_quantized(vdt) else ''} (activations "
+                f"already in a quantized vec_dot_type such as {type_name(vdt)} have no kernel here)")
     if src0.nb[0] != type_size(src0.type) or src1.nb[0] != type_size(src1.type):
         return "src0 and src1 rows must be contiguous (nb0 = the type's size)"
     nb = node.nb
@@ -373,7 +374,7 @@ def _entries():
                          (Op.REPEAT, K.forward_repeat, (Type.F32, Type.F16, Type.BF16, Type.I16, Type.I32))):
         add(op, _unary_kernel(f), _one, _none, lambda n, types=types: _same(n, types), _names(types))
     add(Op.MUL_MAT, _prepare_mul_mat, _all, _mul_mat_work, _supports_mul_mat,
-        "src0 " + _names(sorted(V.MUL_MAT_TYPES)) + "; src1 F32 or src0's vec_dot_type; rows contiguous; dst F32")
+        "src0 " + _names(sorted(V.MUL_MAT_TYPES)) + "; src1 F32 (or F16/BF16 for F16/BF16 weights); rows contiguous; dst F32")
     threaded = {UnaryOp.GELU, UnaryOp.GELU_ERF, UnaryOp.GELU_QUICK, UnaryOp.SILU}
     for u in sorted(K.UNARY_OPS):
         add(Op.UNARY, _prepare_unary, _all if u in threaded else _one, _none, _supports_unary,
