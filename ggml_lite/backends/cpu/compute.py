@@ -76,7 +76,7 @@ def _norm(f):
         return lambda ith, nth: f(a, d, eps, ith, nth)
     return prepare
 
-
+# %% book/06_cpu_compute.ipynb #prepare-ops
 def _prepare_dup(node, p):
     src0 = node.src[0]
     a, d = p.view(src0), p.view(node)
@@ -214,7 +214,7 @@ def _supports_glu(node):
         return f"src0, src1 and dst must be one type of {_names(allowed)}"
     return None
 
-
+# %% book/06_cpu_compute.ipynb #table-supports-2
 def _supports_norm(node):
     if not get_op_params_f32(node, 0) >= 0:
         return f"eps = {get_op_params_f32(node, 0)} must be >= 0"
@@ -344,7 +344,7 @@ def _mul_mat_work(node, n_tasks):
 def _always(node):
     return None
 
-
+# %% book/06_cpu_compute.ipynb #table-entries-2
 def _entries():
     t = {}
 
