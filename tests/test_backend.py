@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ggml_lite as ggml
-import ggml_lite.backend as gb
+import ggml_lite.backend_reg as gb   # the registry's internals, for the tests that reset it
 import ggml_lite.backends.blas as blas_mod
 from ggml_lite import GGMLError, Op, Type
 
@@ -101,7 +101,7 @@ def test_cpu_buffer_base_alignment_and_clear():
     assert ggml.backend_buffer_get_base(buf) % ggml.TENSOR_ALIGNMENT == 0
     assert ggml.backend_buffer_get_size(buf) == 100 and ggml.backend_buffer_is_host(buf)
     ggml.backend_buffer_clear(buf, 7)
-    assert (buf._host_array()[:100] == 7).all()
+    assert (buf.host_array()[:100] == 7).all()
     with pytest.raises(GGMLError, match="not a byte"):
         ggml.backend_buffer_clear(buf, 256)
     ggml.backend_buffer_free(buf)
@@ -499,7 +499,7 @@ def test_events_and_async_defaults():
     assert ev.context == {"recorded": 1, "waited": 1, "synced": True}
     ggml.backend_event_free(ev)
     assert ggml.backend_event_new(None) is None
-    assert ggml.backend_graph_compute(be, None) == ggml.Status.SUCCESS and be.synced == 1
+    assert ggml.backend_graph_compute(be, ggml.new_graph(nctx())) == ggml.Status.SUCCESS and be.synced == 1
     # the default async copies are blocking ones, with the same checks
     _, _, (a, b) = placed((4, 1), (4, 1))
     ggml.backend_tensor_set_async(be, a, np.arange(4, dtype=np.float32))
@@ -523,7 +523,7 @@ def test_backend_without_events_says_so():
     with pytest.raises(GGMLError, match="no events"):
         ggml.backend_event_record(ggml.BackendEvent(be.device), be)
     with pytest.raises(MemoryError, match="ran out"):     # not a status: ggml lets bad_alloc out too
-        ggml.backend_graph_compute(be, None)
+        ggml.backend_graph_compute(be, ggml.new_graph(nctx()))
 
 
 # --- registry and loading ----------------------------------------------------------------------
