@@ -218,3 +218,227 @@ def test_launches_of_the_dequantizers(ptx, ctx, type_):
         assert name == f"dequantize_{ck.DEQUANTIZE_TYPES[type_]}_{'f16' if f16 else 'f32'}"
         assert grid[1:] == (65535, 2)                   # rows beyond 65535 loop inside the kernel
         assert grid[0] == (2 if type_ in (Type.Q4_K, Type.Q6_K) else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mat-vec's threads cover every quant of a row exactly once
+# ---------------------------------------------------------------------------------------------
+
+_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q8_0: (32, 8, 2), Type.Q4_K: (256, 32, 2), Type.Q6_K: (256, 32, 1)}
+
+
+@pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
+@pytest.mark.parametrize("ncols", [1, 5])
+def test_mat_vec_threads_cover_each_block_word_once(type_, ncols):
+    """mul_mat_vec_q's loop: thread tid starts at block tid / (qi/vdr), word vdr*(tid % (qi/vdr)),
+    and steps by blocks_per_iter blocks; over a row of 3.5 iterations' worth of blocks every
+    (block, word) pair must be visited by exactly one thread."""
+    qk, qi, vdr = _QK_QI_VDR[type_]
+    _, (warp, nwarps) = ck.mmvq_launch_dims(ncols, 1, 1, 1)
+    blocks_per_iter = vdr * nwarps * warp // qi
+    blocks_per_row = blocks_per_iter * 7 // 2
+    seen = np.zeros((blocks_per_row, qi), int)
+    for tid in range(nwarps * warp):
+        for kbx in range(tid // (qi // vdr), blocks_per_row, blocks_per_iter):
+            kqs = vdr * (tid % (qi // vdr))
+            seen[kbx, kqs:kqs + vdr] += 1
+    assert (seen == 1).all()
+
+
+def test_mat_vec_launch_dims_follow_ggml_generic_table():
+    for ncols in range(1, 9):
+        grid, block = ck.mmvq_launch_dims(ncols, 4097, 3, 2)
+        rows = 1 if ncols == 1 else 2
+        assert block == (32, 4 if ncols <= 4 else 2)
+        assert grid == (-(-4097 // rows), 3, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# supports_op says what the kernels compute (pure Python: no cupy, no GPU)
+# ---------------------------------------------------------------------------------------------
+
+def supports(node):
+    return ggml.cuda_supports_op(node, 0)
+
+
+def test_supports_elementwise_and_rows(ctx):
+    f32 = ggml.new_tensor_3d(ctx, Type.F32, 64, 4, 2)
+    f16 = ggml.new_tensor_3d(ctx, Type.F16, 64, 4, 2)
+    row = ggml.new_tensor_1d(ctx, Type.F32, 64)
+    assert supports(ggml.add(ctx, f32, row)) and supports(ggml.mul(ctx, f32, row))
+    assert supports(ggml.div(ctx, ggml.permute(ctx, f32, 1, 0, 2, 3), ggml.new_tensor_1d(ctx, Type.F32, 4)))
+    assert not supports(ggml.add(ctx, f16, ggml.new_tensor_1d(ctx, Type.F16, 64)))     # F32 only
+    assert supports(ggml.scale(ctx, f32, 0.5)) and not supports(ggml.scale(ctx, f16, 0.5))
+    for x in (f32, f16):
+        assert supports(ggml.silu(ctx, x)) and supports(ggml.gelu(ctx, x)) and supports(ggml.swiglu(ctx, x))
+        assert not supports(ggml.gelu_erf(ctx, x)) and not supports(ggml.relu(ctx, x))
+    assert not supports(ggml.silu(ctx, ggml.view_2d(ctx, f32, 32, 4, f32.nb[1], 0)))      # rows with gaps
+    assert not supports(ggml.geglu_split(ctx, f32, f32))
+    for op in (ggml.norm, ggml.rms_norm):
+        assert supports(op(ctx, f32, 1e-5)) and not supports(op(ctx, f16, 1e-5))
+        assert supports(op(ctx, ggml.view_2d(ctx, f32, 32, 4, f32.nb[1], 0), 1e-5))          # strided rows
+    assert not supports(ggml.sum_rows(ctx, f32)) and not supports(ggml.concat(ctx, f32, f32, 0))
+
+
+def test_supports_rope_softmax_get_rows(ctx):
+    pos = ggml.new_tensor_1d(ctx, Type.I32, 2)
+    ff = ggml.new_tensor_1d(ctx, Type.F32, 32)
+    for type_ in (Type.F32, Type.F16):
+        q = ggml.new_tensor_3d(ctx, type_, 64, 4, 2)
+        for mode in (0, ggml.ROPE_TYPE_NEOX):
+            assert supports(ggml.rope_ext(ctx, q, pos, ff, 64, mode, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0))
+        assert not supports(ggml.rope_multi(ctx, ggml.new_tensor_3d(ctx, type_, 64, 4, 2),
+                                            ggml.new_tensor_1d(ctx, Type.I32, 8), None, 64, [16, 16, 0, 0],
+                                            ggml.ROPE_TYPE_MROPE, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0))
+    s = ggml.new_tensor_3d(ctx, Type.F32, 10, 3, 4)
+    for mtype in (Type.F32, Type.F16):
+        assert supports(ggml.soft_max_ext(ctx, s, ggml.new_tensor_2d(ctx, mtype, 10, 3), 0.3, 8.0))
+    sm = ggml.soft_max(ctx, s)
+    ggml.soft_max_add_sinks(sm, ggml.new_tensor_1d(ctx, Type.F32, 4))
+    assert supports(sm)
+    ids = ggml.new_tensor_1d(ctx, Type.I32, 3)
+    for type_ in ggml.Type:
+        if type_ in (Type.Q8_1, Type.Q8_K, Type.I8, Type.I16):
+            continue
+        node = ggml.get_rows(ctx, ggml.new_tensor_2d(ctx, type_, 256, 5), ids)
+        assert supports(node) == (type_ in (Type.F32, Type.F16, Type.BF16, Type.I32, Type.Q4_0, Type.Q4_1, Type.Q8_0)), type_
+
+
+def test_supports_cpy_pairs(ctx):
+    a = ggml.new_tensor_2d(ctx, Type.F32, 64, 4)
+    floats = (Type.F32, Type.F16, Type.BF16)
+    for t in floats:
+        for u in floats:
+            src = ggml.new_tensor_2d(ctx, t, 64, 4)
+            assert supports(ggml.cpy(ctx, ggml.transpose(ctx, src), ggml.new_tensor_2d(ctx, u, 4, 64)))
+    for q in (Type.Q8_0, Type.Q4_0):
+        assert supports(ggml.cast(ctx, a, q))
+        assert supports(ggml.cast(ctx, ggml.new_tensor_2d(ctx, q, 64, 4), Type.F32))
+        assert not supports(ggml.cast(ctx, ggml.new_tensor_2d(ctx, q, 64, 4), Type.F16))
+    a256 = ggml.new_tensor_2d(ctx, Type.F32, 256, 4)
+    for q in (Type.Q4_1, Type.Q4_K, Type.Q6_K):
+        assert not supports(ggml.cast(ctx, a256, q))
+    q4k = ggml.new_tensor_2d(ctx, Type.Q4_K, 256, 4)
+    assert supports(ggml.dup(ctx, q4k))                                   # same type, contiguous: memcpy
+    big = ggml.new_tensor_2d(ctx, Type.Q4_K, 256, 8)
+    assert not supports(ggml.cont(ctx, ggml.view_2d(ctx, big, 256, 4, 2 * big.nb[1], 0)))  # every other row
+    i = ggml.new_tensor_2d(ctx, Type.I32, 8, 3)
+    assert supports(ggml.cont(ctx, ggml.transpose(ctx, i)))
+    assert not supports(ggml.cast(ctx, i, Type.F32))
+
+
+def test_supports_mul_mat(ctx):
+    y1 = ggml.new_tensor_2d(ctx, Type.F32, 256, 1)
+    y64 = ggml.new_tensor_2d(ctx, Type.F32, 256, 64)
+    for type_ in (Type.F32, Type.F16, Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K):
+        w = ggml.new_tensor_2d(ctx, type_, 256, 32)
+        assert supports(ggml.mul_mat(ctx, w, y1)) and supports(ggml.mul_mat(ctx, w, y64)), type_
+    assert not supports(ggml.mul_mat(ctx, ggml.new_tensor_2d(ctx, Type.BF16, 256, 32), y1))
+    w16 = ggml.new_tensor_2d(ctx, Type.F16, 256, 32)
+    assert not supports(ggml.mul_mat(ctx, w16, ggml.new_tensor_2d(ctx, Type.F16, 256, 4)))  # src1 F32 only
+    a = ggml.new_tensor_3d(ctx, Type.F32, 256, 8, 4)
+    assert supports(ggml.mul_mat(ctx, ggml.permute(ctx, a, 0, 2, 1, 3), ggml.permute(ctx, a, 0, 2, 1, 3)))
+    cols = ggml.view_2d(ctx, ggml.new_tensor_2d(ctx, Type.F32, 512, 4), 256, 4, 2048, 4)   # rows off by 4 bytes
+    assert supports(ggml.mul_mat(ctx, w16, cols))
+    odd = ggml.view_2d(ctx, ggml.new_tensor_1d(ctx, Type.F32, 2000), 256, 2, 1022, 0)       # nb1 not 4-aligned
+    assert not supports(ggml.mul_mat(ctx, w16, odd))
+
+
+def test_supports_refuses_a_source_on_another_gpu(ctx):
+    a = ggml.new_tensor_1d(ctx, Type.F32, 8)
+    node = ggml.scale(ctx, a, 2.0)
+    assert supports(node)
+    a.buffer = SimpleNamespace(buft=ggml.CUDABufferType(None, 1))       # as if placed on CUDA1
+    assert not ggml.cuda_supports_op(node, 0) and ggml.cuda_supports_op(node, 1)
+    a.buffer = None
+
+
+def test_view_ops_need_no_kernel(ctx):
+    a = ggml.new_tensor_2d(ctx, Type.Q4_K, 256, 4)
+    for node in (ggml.reshape_1d(ctx, a, 1024), ggml.view_1d(ctx, a, 256, 0), ggml.transpose(ctx, a),
+                 ggml.permute(ctx, a, 1, 0, 2, 3)):
+        assert supports(node)
+
+
+def test_offload_batch_size_follows_ggml(ctx):
+    w = ggml.new_tensor_2d(ctx, Type.Q4_0, 256, 32)
+    for n, want in ((1, False), (31, False), (32, True), (64, True)):
+        node = ggml.mul_mat(ctx, w, ggml.new_tensor_2d(ctx, Type.F32, 256, n))
+        assert ggml.cuda_op_batch_size(node) == n and (ggml.cuda_op_batch_size(node) >= 32) == want
+    assert ggml.cuda_op_batch_size(ggml.get_rows(ctx, w, ggml.new_tensor_1d(ctx, Type.I32, 100))) == 0
+    q = ggml.new_tensor_3d(ctx, Type.F32, 64, 8, 40)
+    assert ggml.cuda_op_batch_size(ggml.rope(ctx, q, ggml.new_tensor_1d(ctx, Type.I32, 40), 64, 0)) == 40
+    assert ggml.cuda_op_batch_size(ggml.rms_norm(ctx, q, 1e-5)) == 8 * 40
+
+
+# ---------------------------------------------------------------------------------------------
+# The buffer type's sizes (no GPU needed to ask)
+# ---------------------------------------------------------------------------------------------
+
+def test_alloc_size_pads_the_last_row_of_quantized_tensors_to_512(ctx):
+    buft = ggml.CUDABufferType(None, 0)
+    assert buft.get_name() == "CUDA0" and buft.get_alignment() == 128 and not buft.is_host()
+    cases = [(Type.Q4_0, 4096, 0), (Type.Q4_0, 4064, 18), (Type.Q8_0, 32, 15 * 34), (Type.Q4_K, 256, 144),
+             (Type.Q6_K, 768, 210), (Type.F32, 100, 0), (Type.F16, 4064, 0), (Type.I32, 7, 0)]
+    for type_, ne0, pad in cases:
+        t = ggml.new_tensor_2d(ctx, type_, ne0, 3)
+        assert ggml.backend_buft_get_alloc_size(buft, t) == ggml.nbytes(t) + pad, (type_, ne0)
+    q = ggml.new_tensor_2d(ctx, Type.Q4_0, 4064, 3)
+    v = ggml.view_2d(ctx, q, 4064, 2, q.nb[1], q.nb[1])                    # a view is sized the same way
+    assert buft.get_alloc_size(v) == ggml.nbytes(v) + 18
+
+
+def test_alloc_size_refuses_blocks_that_are_not_dense(ctx):
+    q = ggml.new_tensor_2d(ctx, Type.Q8_0, 64, 4)
+    q.nb = [q.nb[0] * 2] + list(q.nb[1:])
+    with pytest.raises(GGMLError, match="nb\\[0\\] = 68, element size 34"):
+        ggml.cuda_alloc_size(q)
+
+
+def test_the_pinned_host_buffer_type_is_host_memory():
+    buft = ggml.CUDAHostBufferType(None)
+    assert buft.get_name() == "CUDA_Host" and buft.is_host() and buft.get_alignment() == ggml.TENSOR_ALIGNMENT
+
+
+# ---------------------------------------------------------------------------------------------
+# Without cupy or a GPU: reported absent, never an import error
+# ---------------------------------------------------------------------------------------------
+
+def test_importing_ggml_lite_does_not_import_cupy():
+    code = "import sys, ggml_lite; print('cupy' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_only_the_cuda_backend_imports_cupy():
+    for p in (ROOT / "ggml_lite").rglob("*.py"):
+        if "cuda" not in p.relative_to(ROOT / "ggml_lite").parts[:2]:
+            assert not re.search(r"(import|from)\s+cupy|import_module\(.cupy", p.read_text()), f"{p} imports cupy"
+    text = (ck.KERNEL_DIR / "backend.py").read_text() + (ck.KERNEL_DIR / "kernels.py").read_text()
+    assert re.findall(r"^\s*(?:import|from) cupy", text, re.M) == ["    import cupy"]   # only in import_cupy
+
+
+@pytest.mark.skipif(_cuda_here(), reason="this machine has cupy and a CUDA device")
+def test_score_is_zero_and_the_reason_is_logged(caplog):
+    ok, why = ggml.cuda_availability()
+    assert not ok and ("cupy is not installed" in why or "no CUDA device" in why)
+    with caplog.at_level(logging.DEBUG, logger="ggml_lite"):
+        assert cb.ggml_backend_score() == 0
+    assert why in caplog.text
+    assert ggml.backend_cuda_get_device_count() == 0
+    with pytest.raises(GGMLError, match="the CUDA backend cannot run here"):
+        ggml.backend_cuda_init(0)
+
+
+@pytest.mark.skipif(_cuda_here(), reason="this machine has cupy and a CUDA device")
+def test_load_all_skips_cuda_and_says_why(caplog):
+    with caplog.at_level(logging.DEBUG, logger="ggml_lite"):
+        ggml.backend_load_all()
+    assert ggml.backend_reg_by_name("CUDA") is None and ggml.backend_reg_by_name("CPU") is not None
+    assert "CUDA backend: not available" in caplog.text
+    assert "ggml_lite.backends.cuda.backend is not supported on this system" in caplog.text
+
+
+def test_a_launch_refuses_python_numbers():
+    with pytest.raises(GGMLError, match="pass numpy scalars"):
+        ck.cuda_launch(lambda *a, **k: None, (1,), (1,), (np.int32(1), 3))
