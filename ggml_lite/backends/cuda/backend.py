@@ -94,12 +94,22 @@ class CUDABufferType(BackendBufferType):
         return cuda_alloc_size(tensor)
 
 
-def _memcpy(dst, src, size, kind):
-    """cudaMemcpy on the legacy stream: the synchronous copies of a buffer (ggml: set/get_tensor)."""
-    import_cupy().cuda.runtime.memcpy(dst, src, size, kind)
-
-
 _H2D, _D2H, _D2D = 1, 2, 3          # cudaMemcpyKind
+
+
+def _copy_now(dst, src, size, kind):
+    """A copy finished when this returns, as ggml's set/get_tensor (cudaMemcpyAsync, then a sync).
+    A plain cudaMemcpy would not do: from pageable memory it may return before the data has
+    landed, and nothing would order it before kernels on the backend's non-blocking stream."""
+    rt = import_cupy().cuda.runtime
+    rt.memcpyAsync(dst, src, size, kind, 0)
+    rt.streamSynchronize(0)
+
+
+def _memset_now(ptr, value, size):
+    rt = import_cupy().cuda.runtime
+    rt.memsetAsync(ptr, value, size, 0)
+    rt.streamSynchronize(0)
 
 
 class _CUDABuffer(BackendBuffer):
@@ -126,23 +136,23 @@ class _CUDABuffer(BackendBuffer):
             pad = cuda_alloc_size(tensor) - nbytes(tensor)
             if pad > 0:
                 with import_cupy().cuda.Device(self.buft.device_id):
-                    import_cupy().cuda.runtime.memset(tensor.data + nbytes(tensor), 0, pad)
+                    _memset_now(tensor.data + nbytes(tensor), 0, pad)
         return Status.SUCCESS
 
     def memset_tensor(self, tensor, value, offset, size):
         ptr = self._address(tensor, offset, size, "memset_tensor")
         with import_cupy().cuda.Device(self.buft.device_id):
-            import_cupy().cuda.runtime.memset(ptr, value, size)
+            _memset_now(ptr, value, size)
 
     def set_tensor(self, tensor, data, offset, size):
         ptr = self._address(tensor, offset, size, "set_tensor")
         with import_cupy().cuda.Device(self.buft.device_id):
-            _memcpy(ptr, data.ctypes.data, size, _H2D)
+            _copy_now(ptr, data.ctypes.data, size, _H2D)
 
     def get_tensor(self, tensor, data, offset, size):
         ptr = self._address(tensor, offset, size, "get_tensor")
         with import_cupy().cuda.Device(self.buft.device_id):
-            _memcpy(data.ctypes.data, ptr, size, _D2H)
+            _copy_now(data.ctypes.data, ptr, size, _D2H)
 
     def cpy_tensor(self, src, dst):
         """Device to device (or peer to peer); False for any other source, as ggml."""
@@ -154,14 +164,15 @@ class _CUDABuffer(BackendBuffer):
         ptr = self._address(dst, 0, n, "cpy_tensor")
         with cp.cuda.Device(self.buft.device_id):
             if src_buf.buft.device_id == self.buft.device_id:
-                _memcpy(ptr, src.data, n, _D2D)
+                _copy_now(ptr, src.data, n, _D2D)
             else:
-                cp.cuda.runtime.memcpyPeer(ptr, self.buft.device_id, src.data, src_buf.buft.device_id, n)
+                cp.cuda.runtime.memcpyPeerAsync(ptr, self.buft.device_id, src.data, src_buf.buft.device_id, n, 0)
+                cp.cuda.runtime.streamSynchronize(0)
         return True
 
     def clear(self, value):
         with import_cupy().cuda.Device(self.buft.device_id):
-            import_cupy().cuda.runtime.memset(self._memory.ptr, value, self.size)
+            _memset_now(self._memory.ptr, value, self.size)
 
 # %% book/11_cuda.ipynb #cuda-host-buffer
 class CUDAHostBufferType(BackendBufferType):
@@ -335,8 +346,8 @@ def _supports_mul_mat(op):
         return False
     if not (_dense_blocks(src0) and _dense_blocks(src1) and _dense_blocks(op)):
         return False
-    if src0.type in MMVQ_TYPES and src1.ne[1] <= MMVQ_MAX_BATCH_SIZE:      # mmvq: grid y, z = dims 2, 3
-        return op.ne[2] <= GRID_YZ_MAX and op.ne[3] <= GRID_YZ_MAX
+    if src0.type in MMVQ_TYPES and src1.ne[1] <= MMVQ_MAX_BATCH_SIZE:      # quantize_q8_1's grid z
+        return op.ne[2] * op.ne[3] <= GRID_YZ_MAX
     return True
 
 # %% book/11_cuda.ipynb #cuda-supports-cpy
