@@ -8,7 +8,9 @@
 3. the benchmark: Q4_0 / Q8_0 / Q4_K / Q6_K 4096x4096 mat-vec in GB/s (the kernel alone, replayed
    from a CUDA graph, and the whole node through backend_graph_compute), an F16 4096^3 GEMM through
    the backend against cupy.matmul on the same F16 arrays, and the cost of one node launched from
-   Python (a graph of 256 small ADDs).
+   Python (a graph of 256 small ADDs);
+4. the chapter's code cells, executed in order in one namespace (their outputs are not stored:
+   `make outputs NB=book/11_cuda.ipynb` does that, and needs nbclient and ipykernel there).
 
     PYTHONPATH=. python3 bench/cuda_check.py [--out bench/results/cuda.json] [--skip-harness]
     PYTHONPATH=. python3 bench/cuda_check.py --cpu-dry-run     # the plumbing only, on the CPU backend
@@ -269,6 +271,29 @@ def bench_launch_overhead(backend, n_nodes=256):
     return {"backend": ggml.backend_name(backend), "nodes": n_nodes, "us_per_node": best / n_nodes * 1e6}
 
 
+# --- 4. the chapter's cells, run in one namespace (a smoke test; make outputs stores them) ----
+
+def run_chapter_cells(path=ROOT / "book" / "11_cuda.ipynb"):
+    import contextlib
+    import io
+    nb = json.loads(path.read_text())
+    namespace, done = {"__name__": "__main__"}, []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        code = "\n".join(l for l in src.splitlines() if not l.startswith("#|"))
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, f"{path.name}#{cell.get('id')}", "exec"), namespace)
+        except Exception as e:
+            return {"ok": False, "cells_run": done, "failed_cell": cell.get("id"),
+                    "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        done.append({"id": cell.get("id"), "stdout": printed.getvalue()[-2000:]})
+    return {"ok": True, "cells_run": done}
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 def _part(report, name, fn, *args):
@@ -309,6 +334,8 @@ def main(argv=None):
         _part(report, "gemm_f16", bench_gemm_f16, gpu)
         _part(report, "launch_overhead_cuda", bench_launch_overhead, gpu)
     _part(report, "launch_overhead_cpu", bench_launch_overhead, cpu)
+    if not args.cpu_dry_run:
+        _part(report, "chapter", run_chapter_cells)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     bad = []
