@@ -442,3 +442,129 @@ def test_load_all_skips_cuda_and_says_why(caplog):
 def test_a_launch_refuses_python_numbers():
     with pytest.raises(GGMLError, match="pass numpy scalars"):
         ck.cuda_launch(lambda *a, **k: None, (1,), (1,), (np.int32(1), 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# The mat-vec's arithmetic, emulated on the CPU: quantize_q8_1 and each vec_dot transcribed from
+# mmvq.cu (int32 words, dp4a, the blocks' scales), summed over the kernel's thread loop, must give
+# the dot product of the dequantized row with the activations
+# ---------------------------------------------------------------------------------------------
+
+def _i32(b, i):
+    return int.from_bytes(bytes(b[4 * i:4 * i + 4]), "little", signed=True)
+
+
+def _lanes(x):
+    return [((x >> (8 * k)) & 0xFF) - (256 if (x >> (8 * k)) & 0x80 else 0) for k in range(4)]
+
+
+def _dp4a(a, b, c):
+    return c + sum(p * q for p, q in zip(_lanes(a), _lanes(b)))
+
+
+def _vsubss4(a, b):
+    r = 0
+    for k, (p, q) in enumerate(zip(_lanes(a), _lanes(b))):
+        r |= (max(-128, min(127, p - q)) & 0xFF) << (8 * k)
+    return r - (1 << 32) if r & 0x80000000 else r
+
+
+def _f16(b, off):
+    return float(np.frombuffer(bytes(b[off:off + 2]), np.float16)[0])
+
+
+def _quantize_q8_1(y):
+    """quantize.cu: per 32 values d = amax/127, q = roundf(x/d), s = the values' sum; d, s as F16."""
+    blocks = []
+    for blk in y.reshape(-1, 32).astype(np.float32):
+        amax = np.float32(np.max(np.abs(blk)))
+        d = amax / np.float32(127)
+        q = np.zeros(32, np.int8) if amax == 0 else (np.sign(blk / d) * np.floor(np.abs(blk / d) + 0.5)).astype(np.int8)
+        blocks.append((float(np.float16(d)), float(np.float16(blk.sum())), q.tobytes()))
+    return blocks
+
+
+def _vd_q4_0(row, y, kbx, iqs):
+    b = row[18 * kbx:18 * kbx + 18]
+    d8, s8, q8 = y[kbx]
+    sumi = 0
+    for i in range(2):
+        v = _i32(b[2:], iqs + i)
+        sumi = _dp4a(v & 0x0F0F0F0F, _i32(q8, iqs + i), sumi)
+        sumi = _dp4a((v >> 4) & 0x0F0F0F0F, _i32(q8, iqs + i + 4), sumi)
+    return _f16(b, 0) * (sumi * d8 - (8 * 2 / 4) * s8)
+
+
+def _vd_q8_0(row, y, kbx, iqs):
+    b = row[34 * kbx:34 * kbx + 34]
+    d8, _, q8 = y[kbx]
+    sumi = sum(_dp4a(_i32(b[2:], iqs + i), _i32(q8, iqs + i), 0) for i in range(2))
+    return _f16(b, 0) * d8 * sumi
+
+
+def _vd_q4_K(row, y, kbx, iqs):
+    b = row[144 * kbx:144 * kbx + 144]
+    scales = [int.from_bytes(bytes(b[4 + 2 * k:6 + 2 * k]), "little") for k in range(6)]
+    bq8 = 2 * ((iqs // 2) // 4)
+    qs = b[16:]
+    v0, v1 = _i32(qs, (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4), _i32(qs, (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4 + 4)
+    j = bq8 // 2
+    if j < 2:
+        aux = [scales[j] & 0x3f3f, scales[j + 2] & 0x3f3f]
+    else:
+        aux = [((scales[j + 2] >> 0) & 0x0f0f) | ((scales[j - 2] & 0xc0c0) >> 2),
+               ((scales[j + 2] >> 4) & 0x0f0f) | ((scales[j] & 0xc0c0) >> 2)]
+    sc, m = [aux[0] & 0xFF, aux[0] >> 8], [aux[1] & 0xFF, aux[1] >> 8]
+    sumf_d = sumf_m = 0.0
+    for i in range(2):
+        d8, _, q8 = y[8 * kbx + bq8 + i]
+        u0, u1 = _i32(q8, (iqs // 2) % 4), _i32(q8, (iqs // 2) % 4 + 4)
+        dot1 = _dp4a((v1 >> (4 * i)) & 0x0F0F0F0F, u1, _dp4a((v0 >> (4 * i)) & 0x0F0F0F0F, u0, 0))
+        dot2 = _dp4a(0x01010101, u1, _dp4a(0x01010101, u0, 0))
+        sumf_d += d8 * (dot1 * sc[i])
+        sumf_m += d8 * (dot2 * m[i])
+    return _f16(b, 0) * sumf_d - _f16(b, 2) * sumf_m
+
+
+def _vd_q6_K(row, y, kbx, iqs):
+    b = row[210 * kbx:210 * kbx + 210]
+    ql, qh, scales = b[0:128], b[128:192], np.frombuffer(bytes(b[192:208]), np.int8)
+    bq8 = 2 * 2 * (iqs // 16) + (iqs % 16) // 8
+    scale_offset = 8 * (iqs // 16) + (iqs % 16) // 4
+    vh_shift = 2 * ((iqs % 16) // 8)
+    vl = _i32(ql, iqs)
+    vh = _i32(qh, 8 * (iqs // 16) + iqs % 8) >> vh_shift
+    sumf = 0.0
+    for i in range(2):
+        d8, _, q8 = y[8 * kbx + bq8 + 2 * i]
+        vil = (vl >> (4 * i)) & 0x0F0F0F0F
+        vih = ((vh >> (4 * i)) << 4) & 0x30303030
+        vi = _vsubss4(vil | vih, 0x20202020)
+        sumf += d8 * (_dp4a(vi, _i32(q8, iqs % 8), 0) * int(scales[scale_offset + 4 * i]))
+    return _f16(b, 208) * sumf
+
+
+_VEC_DOT = {Type.Q4_0: _vd_q4_0, Type.Q8_0: _vd_q8_0, Type.Q4_K: _vd_q4_K, Type.Q6_K: _vd_q6_K}
+
+
+@pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
+def test_mat_vec_arithmetic_emulated_equals_the_dequantized_dot(type_):
+    qk, qi, vdr = _QK_QI_VDR[type_]
+    n = 512
+    rng = np.random.default_rng(int(type_))
+    w = rng.standard_normal((3, n)).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
+    rows = ggml.quantize_chunk(type_, w)
+    want = ggml.dequantize_rows(type_, rows, n) @ x
+    y = _quantize_q8_1(x)
+    _, (warp, nwarps) = ck.mmvq_launch_dims(1, 3, 1, 1)
+    blocks_per_iter = vdr * nwarps * warp // qi
+    got = []
+    for r in range(3):
+        total = 0.0
+        for tid in range(nwarps * warp):
+            for kbx in range(tid // (qi // vdr), n // qk, blocks_per_iter):
+                total += _VEC_DOT[type_](rows[r], y, kbx, vdr * (tid % (qi // vdr)))
+        got.append(total)
+    err = np.sum((np.array(got) - want) ** 2) / np.sum(want ** 2)
+    assert err < 5e-4, (type_, got, want)
