@@ -484,9 +484,9 @@ def _quantize_q8_1(y):
     return blocks
 
 
-def _vd_q4_0(row, y, kbx, iqs):
+def _vd_q4_0(row, y, yb, kbx, iqs):
     b = row[18 * kbx:18 * kbx + 18]
-    d8, s8, q8 = y[kbx]
+    d8, s8, q8 = y[yb]
     sumi = 0
     for i in range(2):
         v = _i32(b[2:], iqs + i)
@@ -495,14 +495,14 @@ def _vd_q4_0(row, y, kbx, iqs):
     return _f16(b, 0) * (sumi * d8 - (8 * 2 / 4) * s8)
 
 
-def _vd_q8_0(row, y, kbx, iqs):
+def _vd_q8_0(row, y, yb, kbx, iqs):
     b = row[34 * kbx:34 * kbx + 34]
-    d8, _, q8 = y[kbx]
+    d8, _, q8 = y[yb]
     sumi = sum(_dp4a(_i32(b[2:], iqs + i), _i32(q8, iqs + i), 0) for i in range(2))
     return _f16(b, 0) * d8 * sumi
 
 
-def _vd_q4_K(row, y, kbx, iqs):
+def _vd_q4_K(row, y, yb, kbx, iqs):
     b = row[144 * kbx:144 * kbx + 144]
     scales = [int.from_bytes(bytes(b[4 + 2 * k:6 + 2 * k]), "little") for k in range(6)]
     bq8 = 2 * ((iqs // 2) // 4)
@@ -517,7 +517,7 @@ def _vd_q4_K(row, y, kbx, iqs):
     sc, m = [aux[0] & 0xFF, aux[0] >> 8], [aux[1] & 0xFF, aux[1] >> 8]
     sumf_d = sumf_m = 0.0
     for i in range(2):
-        d8, _, q8 = y[8 * kbx + bq8 + i]
+        d8, _, q8 = y[yb + bq8 + i]
         u0, u1 = _i32(q8, (iqs // 2) % 4), _i32(q8, (iqs // 2) % 4 + 4)
         dot1 = _dp4a((v1 >> (4 * i)) & 0x0F0F0F0F, u1, _dp4a((v0 >> (4 * i)) & 0x0F0F0F0F, u0, 0))
         dot2 = _dp4a(0x01010101, u1, _dp4a(0x01010101, u0, 0))
@@ -526,7 +526,7 @@ def _vd_q4_K(row, y, kbx, iqs):
     return _f16(b, 0) * sumf_d - _f16(b, 2) * sumf_m
 
 
-def _vd_q6_K(row, y, kbx, iqs):
+def _vd_q6_K(row, y, yb, kbx, iqs):
     b = row[210 * kbx:210 * kbx + 210]
     ql, qh, scales = b[0:128], b[128:192], np.frombuffer(bytes(b[192:208]), np.int8)
     bq8 = 2 * 2 * (iqs // 16) + (iqs % 16) // 8
@@ -536,7 +536,7 @@ def _vd_q6_K(row, y, kbx, iqs):
     vh = _i32(qh, 8 * (iqs // 16) + iqs % 8) >> vh_shift
     sumf = 0.0
     for i in range(2):
-        d8, _, q8 = y[8 * kbx + bq8 + 2 * i]
+        d8, _, q8 = y[yb + bq8 + 2 * i]
         vil = (vl >> (4 * i)) & 0x0F0F0F0F
         vih = ((vh >> (4 * i)) << 4) & 0x30303030
         vi = _vsubss4(vil | vih, 0x20202020)
@@ -564,7 +564,66 @@ def test_mat_vec_arithmetic_emulated_equals_the_dequantized_dot(type_):
         total = 0.0
         for tid in range(nwarps * warp):
             for kbx in range(tid // (qi // vdr), n // qk, blocks_per_iter):
-                total += _VEC_DOT[type_](rows[r], y, kbx, vdr * (tid % (qi // vdr)))
+                total += _VEC_DOT[type_](rows[r], y, kbx * qk // 32, kbx, vdr * (tid % (qi // vdr)))
         got.append(total)
     err = np.sum((np.array(got) - want) ** 2) / np.sum(want ** 2)
     assert err < 5e-4, (type_, got, want)
+
+
+def _emulate_mul_mat_vec_q(type_, name, grid, block, args, x_bytes, y_blocks, dst_size):
+    """mul_mat_vec_q's indexing over the whole grid, with the vec_dot emulations: the launcher's
+    strides and ratios, read from its captured arguments, place every product."""
+    (_, _, _, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, channel_ratio, stride_channel_x,
+     stride_channel_y, stride_channel_dst, sample_ratio, stride_sample_x, stride_sample_y, stride_sample_dst) = map(int, args)
+    qk, qi, vdr = _QK_QI_VDR[type_]
+    ncols_dst = int(name.rsplit("_", 1)[1])
+    warp, nwarps = block
+    rows_per_block = 1 if ncols_dst == 1 else 2
+    blocks_per_iter = vdr * nwarps * warp // qi
+    dst = np.full(dst_size, np.nan)
+    for bx in range(grid[0]):
+        for channel_dst in range(grid[1]):
+            for sample_dst in range(grid[2]):
+                row0 = rows_per_block * bx
+                y0 = sample_dst * stride_sample_y + channel_dst * stride_channel_y
+                kbx_offset = (sample_dst // sample_ratio) * stride_sample_x + (channel_dst // channel_ratio) * stride_channel_x \
+                    + row0 * stride_row_x
+                tmp = np.zeros((ncols_dst, rows_per_block))
+                for tid in range(nwarps * warp):
+                    for kbx in range(tid // (qi // vdr), ncols_x // qk, blocks_per_iter):
+                        for j in range(ncols_dst):
+                            for i in range(rows_per_block):
+                                if rows_per_block > 1 and row0 + i >= nrows_x:
+                                    continue
+                                tmp[j, i] += _VEC_DOT[type_](x_bytes, y_blocks, y0 + j * stride_col_y + kbx * qk // 32,
+                                                             kbx_offset + i * stride_row_x + kbx, vdr * (tid % (qi // vdr)))
+                base = sample_dst * stride_sample_dst + channel_dst * stride_channel_dst + row0
+                for j in range(ncols_dst):
+                    for lane in range(rows_per_block):
+                        if row0 + lane < nrows_x:
+                            dst[base + j * stride_col_dst + lane] = tmp[j, lane]
+    return dst
+
+
+@pytest.mark.parametrize("type_", [Type.Q4_0, Type.Q6_K])
+def test_mat_vec_launch_places_every_product(ptx, ctx, type_):
+    """Weights [256, 5 rows, 2 channels] broadcast over 4 channels of 3 columns (channel_ratio 2):
+    the emulated grid with the launcher's own arguments gives ggml's mul_mat, every value written."""
+    ne00, ne01, ne02, ncols, ne12 = 256, 5, 2, 3, 4
+    w = ggml.new_tensor_3d(ctx, type_, ne00, ne01, ne02)
+    y = ggml.new_tensor_3d(ctx, Type.F32, ne00, ncols, ne12)
+    node = ggml.mul_mat(ctx, w, y)
+    (_, q_grid, _, q_args), (name, grid, block, args) = _launch(ptx, ck.cuda_op_mul_mat, node)
+    rng = np.random.default_rng(7)
+    wf = rng.standard_normal((ne02, ne01, ne00)).astype(np.float32)
+    yf = rng.standard_normal((ne12, ncols, ne00)).astype(np.float32)
+    x_bytes = ggml.quantize_chunk(type_, wf.reshape(-1, ne00)).reshape(-1)
+    ne10_padded = int(q_args[6])
+    padded = np.zeros((ne12, ncols, ne10_padded), np.float32)
+    padded[..., :ne00] = yf                                    # quantize_q8_1's layout: padded columns
+    y_blocks = _quantize_q8_1(padded.reshape(-1))
+    got = _emulate_mul_mat_vec_q(type_, name, grid, block, args, x_bytes, y_blocks, ggml.nelements(node))
+    wd = ggml.dequantize_rows(type_, x_bytes.reshape(ne02 * ne01, -1), ne00).reshape(ne02, ne01, ne00)
+    want = np.einsum("cri,cki->ckr", wd[np.arange(ne12) // (ne12 // ne02)], yf).reshape(-1)
+    assert not np.isnan(got).any(), "a result was never written"
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 5e-4
