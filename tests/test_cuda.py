@@ -627,3 +627,240 @@ def test_mat_vec_launch_places_every_product(ptx, ctx, type_):
     want = np.einsum("cri,cki->ckr", wd[np.arange(ne12) // (ne12 // ne02)], yf).reshape(-1)
     assert not np.isnan(got).any(), "a result was never written"
     assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 5e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python around the kernels, run against a stand-in for cupy: host memory plays device
+# memory, copies are memmoves, kernels record their launches and do nothing, matmul is numpy's.
+# What this proves: buffers, streams, events, copies, the registry, the dispatch and the cuBLAS
+# path's arithmetic work as written. What it cannot: any kernel's result (the GPU run does that).
+# ---------------------------------------------------------------------------------------------
+
+import ctypes  # noqa: E402
+import types as _types  # noqa: E402
+
+
+class _FakeArray(np.ndarray):
+    @property
+    def data(self):
+        return SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _fake_cupy(launches):
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    keep = []
+
+    def host_array(ptr, shape, dtype, strides=None):
+        dtype = np.dtype(dtype)
+        span = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides)) if strides else int(np.prod(shape)) * dtype.itemsize
+        raw = (ctypes.c_char * max(span + dtype.itemsize, 1)).from_address(ptr)
+        return np.ndarray(shape, dtype, buffer=raw, strides=strides).view(_FakeArray)
+
+    class Memory:
+        def __init__(self, size):
+            self._a = np.zeros(size + 256, np.uint8)
+            self.ptr = self._a.ctypes.data + (-self._a.ctypes.data) % 256
+
+    class Ctx:
+        def __init__(self, *a, **k):
+            self.ptr = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def synchronize(self):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        def wait_event(self, event):
+            pass
+
+    class RawModule:
+        def __init__(self, code, options=()):
+            assert any(o.startswith("-I") for o in options)
+
+        def get_function(self, name):
+            def kernel(grid, block, args, shared_mem=0):
+                launches.append(name)
+            return kernel
+
+    def pinned(n):                           # page-aligned, as cudaHostAlloc's memory is
+        raw = bytearray(n + 4096)
+        off = (-ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))) % 4096
+        return memoryview(raw)[off:off + n]
+
+    def empty(shape, dtype=np.float32):
+        a = np.empty(shape, dtype).view(_FakeArray)
+        keep.append(a)
+        return a
+
+    rt = _types.SimpleNamespace(
+        CUDARuntimeError=CUDARuntimeError, getDeviceCount=lambda: 1, memGetInfo=lambda: (1 << 30, 2 << 30),
+        getDeviceProperties=lambda i: {"name": b"Stand-in GPU", "integrated": 0, "pciBusID": 3,
+                                       "pciDeviceID": 0, "pciDomainID": 0},
+        memcpyAsync=lambda dst, src, n, kind, stream: ctypes.memmove(dst, src, n),
+        memcpyPeerAsync=lambda dst, dd, src, sd, n, stream: ctypes.memmove(dst, src, n),
+        memsetAsync=lambda ptr, v, n, stream: ctypes.memset(ptr, v, n),
+        streamSynchronize=lambda s: None)
+    cuda = _types.SimpleNamespace(
+        runtime=rt, Device=Ctx, Stream=Ctx, Event=Ctx, Memory=Memory, get_current_stream=lambda: Ctx(),
+        alloc_pinned_memory=pinned,
+        UnownedMemory=lambda ptr, size, owner, device_id: SimpleNamespace(ptr=ptr),
+        MemoryPointer=lambda mem, off: SimpleNamespace(ptr=mem.ptr + off))
+    fake = _types.ModuleType("cupy")
+    fake.cuda, fake.RawModule, fake.empty, fake.matmul = cuda, RawModule, empty, np.matmul
+    fake.ndarray = lambda shape, dtype, memptr, strides=None: host_array(memptr.ptr, shape, dtype, strides)
+    return fake
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    launches = []
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(launches))
+    for f in (ck._raw_module, ck.cuda_kernel):
+        f.cache_clear()
+    monkeypatch.setattr(cb, "_CUDA_REG", None)
+    monkeypatch.setattr(cb, "_CUDA_HOST_BUFFER_TYPE", None)
+    yield launches
+    for f in (ck._raw_module, ck.cuda_kernel):
+        f.cache_clear()
+    for r, _ in list(ggml.backend._registry.backends):
+        if r.get_name() == "CUDA":
+            ggml.backend_unload(r)
+
+
+def test_stand_in_registry_device_and_props(stand_in, caplog):
+    assert ggml.cuda_availability() == (True, "")
+    with caplog.at_level(logging.DEBUG, logger="ggml_lite"):
+        ggml.backend_load_all()
+    reg = ggml.backend_reg_by_name("CUDA")
+    assert reg is not None and ggml.backend_reg_dev_count(reg) == 1
+    dev = ggml.backend_dev_by_name("CUDA0")
+    assert dev.reg is reg and ggml.backend_dev_type(dev) == ggml.BackendDevType.GPU
+    props = ggml.backend_dev_get_props(dev)
+    assert props.description == "Stand-in GPU" and props.device_id == "0000:03:00.0"
+    assert props.caps.async_ and props.caps.events and not props.caps.buffer_from_host_ptr
+    assert ggml.backend_dev_buffer_type(dev).get_name() == "CUDA0"
+    assert ggml.backend_dev_host_buffer_type(dev).get_name() == "CUDA_Host"
+    assert ggml.backend_dev_supports_buft(dev, ggml.backend_dev_buffer_type(dev))
+    assert not ggml.backend_dev_supports_buft(dev, ggml.backend_cpu_buffer_type())
+    assert not ggml.backend_dev_supports_buft(dev, ggml.backend_cuda_host_buffer_type())   # not integrated
+    backend = ggml.backend_dev_init(dev)
+    assert ggml.backend_is_cuda(backend) and not ggml.backend_is_cuda(ggml.backend_cpu_init())
+    assert ggml.backend_name(backend) == "CUDA0"
+
+
+def test_stand_in_buffers_copies_and_padding(stand_in):
+    cuda = ggml.backend_cuda_init(0)
+    c = ggml.init(mem_size=8 * ggml.tensor_overhead(), no_alloc=True)
+    q = ggml.new_tensor_2d(c, Type.Q4_0, 4064, 2)
+    f = ggml.new_tensor_2d(c, Type.F32, 16, 4)
+    buft = ggml.backend_get_default_buffer_type(cuda)
+    size = ggml.backend_alloc_ctx_tensors_from_buft_size(c, buft)
+    buf = ggml.backend_buft_alloc_buffer(buft, size)
+    ggml.backend_buffer_clear(buf, 0xAB)
+    talloc = ggml.tallocr_new(buf)
+    ggml.tallocr_alloc(talloc, q)
+    ggml.tallocr_alloc(talloc, f)
+    pad = ggml.cuda_alloc_size(q) - ggml.nbytes(q)
+    assert pad == 18 and ctypes.string_at(q.data + ggml.nbytes(q), pad) == bytes(pad)   # zeroed by init_tensor
+    assert ctypes.string_at(q.data, 4) == b"\xab" * 4                                    # the data is not touched
+    x = np.arange(64, dtype=np.float32).reshape(4, 16)
+    ggml.backend_tensor_set(f, x)
+    assert np.array_equal(ggml.backend_tensor_get(f).reshape(4, 16), x)
+    out = np.zeros(64, np.float32)
+    ggml.backend_tensor_set_async(cuda, f, x[::-1].copy())
+    ggml.backend_tensor_get_async(cuda, f, out)
+    ggml.backend_synchronize(cuda)
+    assert np.array_equal(out, x[::-1].reshape(-1)) and cuda._pending == []
+    ggml.backend_tensor_memset(f, 0, 4, 8)
+    assert np.array_equal(ggml.backend_tensor_get(f).reshape(-1)[1:3], [0, 0])
+    # device to device, between two streams of the device; and through a pinned host buffer
+    c2 = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
+    g = ggml.new_tensor_2d(c2, Type.F32, 16, 4)
+    h = ggml.new_tensor_2d(c2, Type.F32, 16, 4)
+    buf2 = ggml.backend_alloc_ctx_tensors(c2, cuda)
+    other = ggml.backend_cuda_init(0)
+    ggml.backend_tensor_copy_async(other, cuda, f, g)
+    assert np.array_equal(ggml.backend_tensor_get(g), ggml.backend_tensor_get(f))
+    assert not cuda.cpy_tensor_async(ggml.backend_cpu_init(), f, h)                   # not CUDA: False
+    c3 = ggml.init(mem_size=2 * ggml.tensor_overhead(), no_alloc=True)
+    p = ggml.new_tensor_2d(c3, Type.F32, 16, 4)
+    pbuf = ggml.backend_alloc_ctx_tensors_from_buft(c3, ggml.backend_cuda_host_buffer_type())
+    assert ggml.backend_buffer_is_host(pbuf)
+    ggml.backend_tensor_copy(g, p)                                                      # device -> pinned
+    assert np.array_equal(p.numpy(), ggml.backend_tensor_get(g))         # the CPU reads it
+    ggml.backend_tensor_copy(p, h)                                                      # pinned -> device
+    assert np.array_equal(ggml.backend_tensor_get(h), ggml.backend_tensor_get(g))
+    event = ggml.backend_event_new(ggml.backend_get_device(cuda))
+    ggml.backend_event_record(event, cuda)
+    ggml.backend_event_wait(other, event)
+    ggml.backend_event_synchronize(event)
+    ggml.backend_event_free(event)
+    for b, cc in ((buf, c), (buf2, c2), (pbuf, c3)):
+        ggml.backend_buffer_free(b)
+        ggml.free(cc)
+
+
+def test_stand_in_graph_compute_dispatches_every_op_and_cublas_computes(stand_in):
+    cuda = ggml.backend_cuda_init(0)
+    c = ggml.init(mem_size=64 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+    w32 = ggml.new_tensor_3d(c, Type.F32, 64, 24, 2)
+    w16 = ggml.new_tensor_2d(c, Type.F16, 64, 24)
+    wq = ggml.new_tensor_2d(c, Type.Q4_K, 256, 8)
+    x = ggml.new_tensor_3d(c, Type.F32, 64, 16, 4)
+    xq = ggml.new_tensor_2d(c, Type.F32, 256, 1)
+    pos = ggml.new_tensor_1d(c, Type.I32, 16)
+    ids = ggml.new_tensor_1d(c, Type.I32, 3)
+    p32 = ggml.mul_mat(c, w32, x)                                    # [24, 16, 4] F32 cuBLAS, broadcast
+    p16 = ggml.mul_mat(c, w16, x)                                    # F16 cuBLAS
+    nodes = [p32, p16, ggml.mul_mat(c, wq, xq), ggml.add(c, p32, p16), ggml.scale(c, x, 0.5),
+             ggml.silu(c, x), ggml.swiglu(c, x), ggml.rms_norm(c, x, 1e-5), ggml.norm(c, x, 1e-5),
+             ggml.rope(c, ggml.reshape_4d(c, x, 64, 4, 16, 1), pos, 64, 0),
+             ggml.soft_max_ext(c, x, None, 0.5, 0.0), ggml.get_rows(c, w16, ids), ggml.cast(c, x, Type.F16),
+             ggml.cont(c, ggml.transpose(c, x)), ggml.dup(c, x)]
+    gf = ggml.new_graph(c)
+    for n in nodes:
+        ggml.build_forward_expand(gf, n)
+    buf = ggml.backend_alloc_ctx_tensors(c, cuda)
+    rng = np.random.default_rng(3)
+    a32 = rng.standard_normal((2, 24, 64)).astype(np.float32)
+    a16 = rng.standard_normal((24, 64)).astype(np.float16)
+    xs = rng.standard_normal((4, 16, 64)).astype(np.float32)
+    ggml.backend_tensor_set(w32, a32)
+    ggml.backend_tensor_set(w16, a16)
+    ggml.backend_tensor_set(x, xs)
+    assert ggml.backend_graph_compute(cuda, gf) == ggml.Status.SUCCESS
+    for kernel in ("quantize_q8_1", "mul_mat_vec_q4_K_q8_1_1", "add_f32", "scale_f32", "silu_f32", "swiglu_f32",
+                   "rms_norm_f32", "norm_f32", "rope_norm_f32", "soft_max_f32_mask_f32", "get_rows_f16",
+                   "cpy_f32_f16", "cpy_f32_f32"):
+        assert kernel in stand_in, kernel
+    want32 = np.matmul(xs.reshape(2, 2, 16, 64), a32.reshape(2, 1, 24, 64).swapaxes(-1, -2)).reshape(4, 16, 24)
+    assert np.allclose(ggml.backend_tensor_get(p32).reshape(4, 16, 24), want32, atol=1e-4)
+    want16 = xs.astype(np.float16).astype(np.float32) @ a16.astype(np.float32).T
+    assert np.allclose(ggml.backend_tensor_get(p16).reshape(4, 16, 24), want16, rtol=1e-2, atol=5e-2)
+    assert np.array_equal(ggml.backend_tensor_get(nodes[-1]).reshape(4, 16, 64), xs)   # DUP: one memcpy
+    ggml.backend_buffer_free(buf)
+    ggml.free(c)
+
+
+def test_stand_in_refuses_host_tensors_and_unclaimed_nodes(stand_in):
+    cuda = ggml.backend_cuda_init(0)
+    c = ggml.init(mem_size=1 << 20)
+    a = ggml.new_tensor_1d(c, Type.F32, 8)
+    gf = ggml.new_graph(c)
+    ggml.build_forward_expand(gf, ggml.scale(c, a, 2.0))
+    with pytest.raises(GGMLError, match="is in no buffer, not in CUDA0 memory"):
+        ggml.backend_graph_compute(cuda, gf)
+    gf = ggml.new_graph(c)
+    ggml.build_forward_expand(gf, ggml.gelu_erf(c, a))
+    with pytest.raises(GGMLError, match="unsupported node"):
+        ggml.backend_graph_compute(cuda, gf)
+    ggml.free(c)
