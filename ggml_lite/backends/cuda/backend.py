@@ -93,7 +93,7 @@ class CUDABufferType(BackendBufferType):
     def get_alloc_size(self, tensor):
         return cuda_alloc_size(tensor)
 
-
+# %% book/11_cuda.ipynb #cuda-copy-now
 _H2D, _D2H, _D2D = 1, 2, 3          # cudaMemcpyKind
 
 
@@ -111,7 +111,7 @@ def _memset_now(ptr, value, size):
     rt.memsetAsync(ptr, value, size, 0)
     rt.streamSynchronize(0)
 
-
+# %% book/11_cuda.ipynb #cuda-buffer-class
 class _CUDABuffer(BackendBuffer):
     def __init__(self, buft, size, memory):
         super().__init__(buft, size)
@@ -197,7 +197,7 @@ class CUDAHostBufferType(BackendBufferType):
     def is_host(self):
         return True
 
-
+# %% book/11_cuda.ipynb #cuda-host-buffer-class
 class _CUDAHostBuffer(BackendBuffer):
     """Host memory as a uint8 array over the pinned allocation (the protocol host buffers share:
     _host_array, which the tensor and backend chapters read host tensors through)."""
@@ -240,6 +240,32 @@ class _CUDAHostBuffer(BackendBuffer):
     def clear(self, value):
         self._memory[:] = value
 
+# %% book/11_cuda.ipynb #cuda-cpy-async
+def _cuda_cpy_tensor_async(backend_src, backend_dst, src, dst):
+    """ggml_backend_cuda_cpy_tensor_async: device to device on the source's stream, the destination's
+    stream waiting on an event; False unless both backends and both buffers are CUDA (the
+    scheduler then copies blocking)."""
+    buf_src = src.view_src.buffer if src.view_src is not None else src.buffer
+    buf_dst = dst.view_src.buffer if dst.view_src is not None else dst.buffer
+    if not (backend_is_cuda(backend_src) and backend_is_cuda(backend_dst)):
+        return False
+    if not (isinstance(buf_src, _CUDABuffer) and isinstance(buf_dst, _CUDABuffer)):
+        return False
+    if buf_src.buft.device_id != backend_src.device_id or buf_dst.buft.device_id != backend_dst.device_id:
+        return False
+    cp = import_cupy()
+    n = nbytes(dst)
+    with cp.cuda.Device(backend_src.device_id):
+        if backend_src.device_id == backend_dst.device_id:
+            cp.cuda.runtime.memcpyAsync(dst.data, src.data, n, _D2D, backend_src.stream.ptr)
+        else:
+            cp.cuda.runtime.memcpyPeerAsync(dst.data, backend_dst.device_id, src.data, backend_src.device_id, n,
+                                            backend_src.stream.ptr)
+        if backend_src is not backend_dst:
+            backend_src.copy_event.record(backend_src.stream)
+            backend_dst.stream.wait_event(backend_src.copy_event)
+    return True
+
 # %% book/11_cuda.ipynb #cuda-backend-stream
 class _CUDABackend(Backend):
     """ggml_backend_cuda_context: one non-blocking stream on one GPU, and scratch memory from
@@ -280,28 +306,7 @@ class _CUDABackend(Backend):
             cp.cuda.runtime.memcpyAsync(data.ctypes.data, tensor.data + offset, size, _D2H, self.stream.ptr)
 
     def cpy_tensor_async(self, backend_src, src, dst):
-        """Device to device on the source's stream, the destination's stream waiting on an event;
-        False unless both backends and both buffers are CUDA (the scheduler then copies blocking)."""
-        buf_src = src.view_src.buffer if src.view_src is not None else src.buffer
-        buf_dst = dst.view_src.buffer if dst.view_src is not None else dst.buffer
-        if not (backend_is_cuda(backend_src) and backend_is_cuda(self)):
-            return False
-        if not (isinstance(buf_src, _CUDABuffer) and isinstance(buf_dst, _CUDABuffer)):
-            return False
-        if buf_src.buft.device_id != backend_src.device_id or buf_dst.buft.device_id != self.device_id:
-            return False
-        cp = import_cupy()
-        n = nbytes(dst)
-        with cp.cuda.Device(backend_src.device_id):
-            if backend_src.device_id == self.device_id:
-                cp.cuda.runtime.memcpyAsync(dst.data, src.data, n, _D2D, backend_src.stream.ptr)
-            else:
-                cp.cuda.runtime.memcpyPeerAsync(dst.data, self.device_id, src.data, backend_src.device_id, n,
-                                                backend_src.stream.ptr)
-            if backend_src is not self:
-                backend_src.copy_event.record(backend_src.stream)
-                self.stream.wait_event(backend_src.copy_event)
-        return True
+        return _cuda_cpy_tensor_async(backend_src, self, src, dst)
 
     def synchronize(self):
         self.stream.synchronize()
@@ -530,7 +535,7 @@ class _CUDADevice(BackendDevice):
     def event_synchronize(self, event):
         event.context.synchronize()
 
-
+# %% book/11_cuda.ipynb #cuda-reg
 class _CUDAReg(BackendReg):
     def __init__(self):
         super().__init__()

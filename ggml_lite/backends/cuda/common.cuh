@@ -39,6 +39,7 @@ typedef unsigned long long uint64_t;
 #define QI6_K (QK_K / (4 * QR6_K))
 #define GGML_INFINITY __int_as_float(0x7f800000)
 
+// %% book/11_cuda.ipynb #cu-common-cuh-1
 // An IEEE half is kept as its 16 bits; the PTX conversions are the hardware's (round to nearest even).
 typedef uint16_t ggml_half;
 
@@ -83,7 +84,7 @@ static_assert(sizeof(block_q8_1) == 36, "wrong q8_1 block size");
 static_assert(sizeof(block_q4_K) == 144, "wrong q4_K block size");
 static_assert(sizeof(block_q6_K) == 210, "wrong q6_K block size");
 
-// %% book/11_cuda.ipynb #cu-common-cuh-1
+// %% book/11_cuda.ipynb #cu-common-cuh-2
 template <int width = WARP_SIZE>
 static __device__ __forceinline__ float warp_reduce_sum(float x) {
 #pragma unroll

@@ -162,6 +162,7 @@ static constexpr __host__ __device__ int mmvq_rows_per_block(int ncols_dst) {
     return ncols_dst == 1 ? 1 : 2;
 }
 
+// %% book/11_cuda.ipynb #cu-mmvq-cu-4
 // Block (32, nwarps): each thread walks the row's blocks with stride blocks_per_iter, summing
 // vdr int32 lanes per step for rows_per_block rows and ncols_dst columns; warps 1.. hand their
 // partial sums to warp 0 through shared memory, which reduces them by shuffles and writes.
@@ -243,7 +244,7 @@ static __device__ __forceinline__ void mul_mat_vec_q(
     }
 }
 
-// %% book/11_cuda.ipynb #cu-mmvq-cu-4
+// %% book/11_cuda.ipynb #cu-mmvq-cu-5
 // One entry point per (type, columns): mul_mat_vec_q4_0_q8_1_1 ... mul_mat_vec_q6_K_q8_1_8.
 #define MMVQ_KERNEL(name, type, ncols)                                                                          \
     extern "C" __global__ void __launch_bounds__(mmvq_nwarps(ncols) * WARP_SIZE, 1) name##_##ncols(             \
