@@ -121,6 +121,7 @@ static __device__ __forceinline__ float block_reduce(float x, float * shared) {
     return x;
 }
 
+// %% book/11_cuda.ipynb #cu-common-cuh-3
 // ggml's dequantize_kernel_t: two values of block ib, quant index iqs
 static __device__ __forceinline__ void dequantize_q4_0(const void * vx, const int64_t ib, const int iqs, float & v0, float & v1) {
     const block_q4_0 * x = (const block_q4_0 *) vx;

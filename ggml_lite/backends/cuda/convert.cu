@@ -77,6 +77,7 @@ static __device__ __forceinline__ void dequantize_block_q4_K(const block_q4_K * 
     }
 }
 
+// %% book/11_cuda.ipynb #cu-convert-cu-2
 // the same for Q6_K, by a CUDA block of 64 threads
 template <typename dst_t>
 static __device__ __forceinline__ void dequantize_block_q6_K(const block_q6_K * x, dst_t * yy) {
@@ -111,7 +112,7 @@ DEQUANTIZE_BLOCK(dequantize_q4_1_f32, QK4_1, QR4_1, dequantize_q4_1, float)
 DEQUANTIZE_BLOCK(dequantize_q8_0_f16, QK8_0, QR8_0, dequantize_q8_0, ggml_half)
 DEQUANTIZE_BLOCK(dequantize_q8_0_f32, QK8_0, QR8_0, dequantize_q8_0, float)
 
-// %% book/11_cuda.ipynb #cu-convert-cu-2
+// %% book/11_cuda.ipynb #cu-convert-cu-3
 // K-quants: grid (super-blocks per row, min(ne01, 65535), min(ne02*ne03, 65535)); strides in blocks
 #define DEQUANTIZE_K(name, block_t, kernel, dst_t)                                                             \
     extern "C" __global__ void name(const void * vx, dst_t * y, const int64_t ne00, const int64_t ne01,      \
