@@ -646,7 +646,8 @@ class _FakeArray(np.ndarray):
         return SimpleNamespace(ptr=self.ctypes.data)
 
 
-def _fake_cupy(launches):
+def _fake_cupy(launches, entries=None):
+    """entries ({file: _entries(ptx)}): check every launch against the PTX as FakeContext does."""
     class CUDARuntimeError(RuntimeError):
         pass
 
@@ -687,7 +688,17 @@ def _fake_cupy(launches):
             assert any(o.startswith("-I") for o in options)
 
         def get_function(self, name):
+            if entries is not None:
+                file = next((f for f, e in entries.items() if name in e), None)
+                assert file is not None, f"no kernel file defines {name}"
+                recorder = SimpleNamespace(launches=[])
+                checked = _FakeKernel(recorder, file, name, *entries[file][name])
+            else:
+                checked = None
+
             def kernel(grid, block, args, shared_mem=0):
+                if checked is not None:
+                    checked(grid, block, args, shared_mem)
                 launches.append(name)
             return kernel
 
@@ -864,3 +875,34 @@ def test_stand_in_refuses_host_tensors_and_unclaimed_nodes(stand_in):
     with pytest.raises(GGMLError, match="unsupported node"):
         ggml.backend_graph_compute(cuda, gf)
     ggml.free(c)
+
+
+def test_stand_in_runs_every_claimed_harness_case(ptx, monkeypatch):
+    """Each harness case the CUDA backend claims, allocated in its buffer type and computed: every
+    launch of it checked against the PTX (name, arguments, grid), no launcher error on any shape."""
+    B = pytest.importorskip("backend_ops_cases", reason="the harness of the cpu chapters is not here")
+    launches = []
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(launches, {f: _entries(t) for f, t in ptx.items()}))
+    for f in (ck._raw_module, ck.cuda_kernel):
+        f.cache_clear()
+    monkeypatch.setattr(cb, "_CUDA_REG", None)
+    monkeypatch.setattr(cb, "_CUDA_HOST_BUFFER_TYPE", None)
+    try:
+        cuda = ggml.backend_cuda_init(0)
+        claimed = 0
+        with np.errstate(all="ignore"):                 # the stand-in's kernels leave garbage behind
+            for case in B.make_test_cases():
+                built = B.build_case(case, no_alloc=True, sentinels=False)
+                try:
+                    if not all(ggml.backend_supports_op(cuda, t) for t in built.ctx):
+                        continue
+                    claimed += 1
+                    buf = ggml.backend_alloc_ctx_tensors(built.ctx, cuda)
+                    assert ggml.backend_graph_compute(cuda, built.gf) == ggml.Status.SUCCESS, case.name()
+                    ggml.backend_buffer_free(buf)
+                finally:
+                    B.free_built(built)
+        assert claimed > 500 and launches
+    finally:
+        for f in (ck._raw_module, ck.cuda_kernel):
+            f.cache_clear()
