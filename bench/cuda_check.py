@@ -16,7 +16,16 @@
     PYTHONPATH=. python3 bench/cuda_check.py --cpu-dry-run     # the plumbing only, on the CPU backend
 
 Needs numpy, numba, cupy (any cupy-cuda1Nx) and, for the harness, the `gguf` package. Exit status
-1 if a claimed harness case fails, a scheduler result differs, or a mat-vec result is wrong.
+1 if a claimed harness case fails, a scheduler result differs, a mat-vec result is wrong or a
+chapter cell fails.
+
+On a machine whose Python has numpy, numba and cupy but no gguf (no network there), carry gguf as a
+wheel: here, `python3 -m pip download --no-deps --only-binary=:all: -d WHEELS gguf` (gguf's other
+needs, pyyaml and tqdm, are usually there); there,
+`python3 -m pip install -q --no-index --no-deps --target /tmp/site WHEELS/*.whl`, then
+`PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 bench/cuda_check.py --out OUTDIR/cuda.json`.
+The chapter's stored outputs come from `make outputs NB=book/11_cuda.ipynb` on such a machine,
+which needs nbclient and ipykernel as well.
 """
 import argparse
 import json
