@@ -22,8 +22,8 @@ chapter cell fails.
 On a machine whose Python has numpy, numba and cupy but no gguf (no network there), carry gguf as a
 wheel: here, `python3 -m pip download --no-deps --only-binary=:all: -d WHEELS gguf` (gguf's other
 needs, pyyaml and tqdm, are usually there); there,
-`python3 -m pip install -q --no-index --no-deps --target /tmp/site WHEELS/*.whl`, then
-`PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 bench/cuda_check.py --out OUTDIR/cuda.json`.
+`python3 -m pip install -q --no-index --no-deps --target SITE WHEELS/*.whl`, then
+`PYTHONPATH=SITE:. PYTHONUNBUFFERED=1 python3 bench/cuda_check.py --out OUTDIR/cuda.json`.
 The chapter's stored outputs come from `make outputs NB=book/11_cuda.ipynb` on such a machine,
 which needs nbclient and ipykernel as well.
 """
