@@ -868,7 +868,7 @@ def test_stand_in_refuses_host_tensors_and_unclaimed_nodes(stand_in):
     a = ggml.new_tensor_1d(c, Type.F32, 8)
     gf = ggml.new_graph(c)
     ggml.build_forward_expand(gf, ggml.scale(c, a, 2.0))
-    with pytest.raises(GGMLError, match="is in no buffer, not in CUDA0 memory"):
+    with pytest.raises(GGMLError, match="is in a context.s own host memory, not in CUDA0 memory"):
         ggml.backend_graph_compute(cuda, gf)
     gf = ggml.new_graph(c)
     ggml.build_forward_expand(gf, ggml.gelu_erf(c, a))
@@ -906,3 +906,51 @@ def test_stand_in_runs_every_claimed_harness_case(ptx, monkeypatch):
     finally:
         for f in (ck._raw_module, ck.cuda_kernel):
             f.cache_clear()
+
+
+def _two_layers(c, w_bufts, n_embd, n_tok):
+    """x -> [rms_norm * g, mul_mat F32, silu, mul_mat Q8_0, + residual] x 2; layer i's weights in
+    a buffer of type w_bufts[i] (as llama.cpp offloads the last layers)."""
+    x = ggml.new_tensor_2d(c, Type.F32, n_embd, n_tok)
+    ggml.set_input(x)
+    bufs, cur = [], x
+    for buft in w_bufts:
+        wc = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
+        g = ggml.new_tensor_1d(wc, Type.F32, n_embd)
+        a = ggml.new_tensor_2d(wc, Type.F32, n_embd, n_embd)
+        b = ggml.new_tensor_2d(wc, Type.Q8_0, n_embd, n_embd)
+        buf = ggml.backend_alloc_ctx_tensors_from_buft(wc, buft)
+        ggml.backend_buffer_set_usage(buf, ggml.BackendBufferUsage.WEIGHTS)
+        bufs.append((buf, wc))
+        h = ggml.mul_mat(c, b, ggml.silu(c, ggml.mul_mat(c, a, ggml.mul(c, ggml.rms_norm(c, cur, 1e-5), g))))
+        cur = ggml.add(c, cur, h)
+    gf = ggml.new_graph(c)
+    ggml.build_forward_expand(gf, cur)
+    return gf, bufs
+
+
+@pytest.mark.skipif(not hasattr(ggml, "backend_sched_new"), reason="ggml_lite has no scheduler in this checkout")
+def test_stand_in_scheduler_splits_over_cuda_and_cpu(stand_in):
+    """The scheduler's passes read only supports_op, offload_op and the buffer types, so the splits
+    over CUDA + CPU are known without a GPU: one token -> the weights decide (CPU, then CUDA0,
+    the second split taking the input and layer 0's output); 64 tokens -> every product is
+    offloaded, one CUDA0 split per host-resident weight it copies (ggml starts a new split so the
+    copied weights' memory can be reused)."""
+    import io
+    cuda, cpu = ggml.backend_cuda_init(0), ggml.backend_cpu_init()
+    got = {}
+    for n_tok in (1, 64):
+        c = ggml.init(mem_size=64 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+        gf, bufs = _two_layers(c, [ggml.backend_cpu_buffer_type(), ggml.backend_get_default_buffer_type(cuda)], 256, n_tok)
+        sched = ggml.backend_sched_new([cuda, cpu], None, 2, ggml.DEFAULT_GRAPH_SIZE, False, True)
+        assert ggml.backend_sched_alloc_graph(sched, gf)
+        text = io.StringIO()
+        ggml.backend_sched_print_assignments(sched, gf, 1, False, text)
+        got[n_tok] = (ggml.backend_sched_get_n_splits(sched), re.findall(r"SPLIT #\d+: (\w+) # (\d+) inputs", text.getvalue()))
+        ggml.backend_sched_free(sched)
+        for buf, wc in bufs:
+            ggml.backend_buffer_free(buf)
+            ggml.free(wc)
+        ggml.free(c)
+    assert got[1] == (2, [("CPU", "0"), ("CUDA0", "2")])
+    assert got[64] == (4, [("CUDA0", "1")] * 4)

@@ -466,7 +466,7 @@ def _check_on_device(node, device_id):
     for t in (node, *(s for s in node.src if s is not None)):
         buf = t.view_src.buffer if t.view_src is not None else t.buffer
         if not isinstance(buf, _CUDABuffer) or buf.buft.device_id != device_id:
-            where = "no buffer" if buf is None else f"a {buf.buft.get_name()} buffer"
+            where = "a context's own host memory" if buf is None else f"a {buf.buft.get_name()} buffer"
             raise GGMLError(f"CUDA{device_id} graph_compute: tensor '{t.name}' of node '{node.name}' "
                             f"({op_desc(node)}) is in {where}, not in CUDA{device_id} memory")
 
