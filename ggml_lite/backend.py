@@ -9,7 +9,8 @@ import logging
 import numpy as np
 
 from ggml_lite.backend_buffer import (backend_buffer_is_host, backend_buffer_name, backend_buft_alloc_buffer,
-                                      backend_buft_get_alignment, backend_buft_get_max_size, host_bytes)
+                                      backend_buft_get_alignment, backend_buft_get_max_size, check_byte,
+                                      host_bytes)
 from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, tensor_buffer
 from ggml_lite.core import GGMLError
 from ggml_lite.graph import graph_check_alive
@@ -119,13 +120,6 @@ def _copy_size(tensor, raw, offset, size, where, verb):
         raise GGMLError(f"{where}: size = {size} but data has {room} {raw.size} bytes")
     return size
 
-
-def _byte(value, where):
-    value = int(value)
-    if not 0 <= value <= 255:
-        raise GGMLError(f"{where}: value = {value} is not a byte (0..255)")
-    return value
-
 # %% book/07b_backend_streams.ipynb #backend-tensor-set
 def backend_tensor_set(tensor, data, offset=0, size=None):
     """ggml_backend_tensor_set: copy host data into the tensor through its buffer.
@@ -177,7 +171,7 @@ def backend_tensor_get(tensor, data=None, offset=0, size=None):
 def backend_tensor_memset(tensor, value, offset=0, size=None):
     """ggml_backend_tensor_memset: size bytes (default: the rest) from byte offset set to value."""
     where = "backend_tensor_memset"
-    value = _byte(value, where)
+    value = check_byte(value, where)
     offset = int(offset)
     size = nbytes(tensor) - offset if size is None else int(size)
     if size == 0:
@@ -482,3 +476,4 @@ from ggml_lite.backend_buffer import *  # noqa: F401,F403  (buffer types, buffer
 
 # %% book/07d_backend_registry.ipynb #backend-face-reg
 from ggml_lite.backend_reg import *  # noqa: F401,F403  (the registry and the loader)
+from ggml_lite.backend_reg import registry as _registry   # the name tests reset the registry through

@@ -107,7 +107,7 @@ def backend_buffer_clear(buffer, value):
     buffer_check_alive(buffer, "backend_buffer_clear")
     buffer.clear(check_byte(value, "backend_buffer_clear"))
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buffer-api-2
 def backend_buffer_get_alignment(buffer):
     """ggml_backend_buffer_get_alignment"""
     return buffer.buft.get_alignment()

@@ -133,8 +133,10 @@ class BackendBuffer(ABC):
 
     def host_array(self):
         """ggml_lite's hook: a uint8 array over the whole buffer from its base, for memory the
-        host can address (what t.numpy() and the CPU kernels read through); None otherwise."""
-        return None
+        host can address (what t.numpy() and the CPU kernels read through); None otherwise.
+        The default answers with the older name of the hook, _host_array, where a buffer has it."""
+        older = getattr(self, "_host_array", None)
+        return None if older is None else older()
 
     def __repr__(self):
         state = ", freed" if self._freed else ""

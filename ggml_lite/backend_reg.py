@@ -55,58 +55,58 @@ class _Registry:
         self.backends = [(r, m) for r, m in self.backends if r is not reg]
 
 
-_registry = _Registry()
+registry = _Registry()            # the one registry of the process
 
 # %% book/07d_backend_registry.ipynb #backend-registry-api
 def backend_register(reg):
     """ggml_backend_register: add a reg (and its devices) to the registry, once."""
-    _registry.register_backend(reg)
+    registry.register_backend(reg)
 
 
 def backend_device_register(device):
     """ggml_backend_device_register: add one device."""
-    _registry.register_device(device)
+    registry.register_device(device)
 
 
 def backend_reg_count():
     """ggml_backend_reg_count"""
-    return len(_registry.backends)
+    return len(registry.backends)
 
 
 def backend_reg_get(index):
     """ggml_backend_reg_get"""
-    if not 0 <= index < len(_registry.backends):
-        raise GGMLError(f"backend_reg_get: index {index} out of range, {len(_registry.backends)} "
+    if not 0 <= index < len(registry.backends):
+        raise GGMLError(f"backend_reg_get: index {index} out of range, {len(registry.backends)} "
                         f"backends are registered")
-    return _registry.backends[index][0]
+    return registry.backends[index][0]
 
 
 def backend_reg_by_name(name):
     """ggml_backend_reg_by_name: case-insensitive; None if there is none."""
-    return next((r for r, _ in _registry.backends if r.get_name().lower() == name.lower()), None)
+    return next((r for r, _ in registry.backends if r.get_name().lower() == name.lower()), None)
 
 
 def backend_dev_count():
     """ggml_backend_dev_count"""
-    return len(_registry.devices)
+    return len(registry.devices)
 
 
 def backend_dev_get(index):
     """ggml_backend_dev_get"""
-    if not 0 <= index < len(_registry.devices):
-        raise GGMLError(f"backend_dev_get: index {index} out of range, {len(_registry.devices)} "
+    if not 0 <= index < len(registry.devices):
+        raise GGMLError(f"backend_dev_get: index {index} out of range, {len(registry.devices)} "
                         f"devices are registered")
-    return _registry.devices[index]
+    return registry.devices[index]
 
 
 def backend_dev_by_name(name):
     """ggml_backend_dev_by_name: case-insensitive; None if there is none."""
-    return next((d for d in _registry.devices if d.get_name().lower() == name.lower()), None)
+    return next((d for d in registry.devices if d.get_name().lower() == name.lower()), None)
 
 
 def backend_dev_by_type(type):
     """ggml_backend_dev_by_type: the first registered device of that type, or None."""
-    return next((d for d in _registry.devices if d.get_type() == type), None)
+    return next((d for d in registry.devices if d.get_type() == type), None)
 
 # %% book/07d_backend_registry.ipynb #backend-registry-init
 def backend_init_by_name(name, params=None):
@@ -141,7 +141,7 @@ def backend_load(path):
 
 def backend_unload(reg):
     """ggml_backend_unload: remove a reg and its devices from the registry."""
-    _registry.unload_backend(reg)
+    registry.unload_backend(reg)
 
 
 def backend_load_all():
@@ -210,7 +210,7 @@ def _load_module(module, origin, silent):
               "(backend: %s, current: %d)", origin, getattr(reg, "api_version", None), BACKEND_API_VERSION)
         return None
     _log.info("load_backend: loaded %s backend from %s", reg.get_name(), origin)
-    _registry.register_backend(reg, module)
+    registry.register_backend(reg, module)
     return reg
 
 # %% book/07d_backend_registry.ipynb #backend-load-sources

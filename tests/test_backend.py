@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ggml_lite as ggml
-import ggml_lite.backend_reg as gb   # the registry's internals, for the tests that reset it
+import ggml_lite.backend as gb
 import ggml_lite.backends.blas as blas_mod
 from ggml_lite import GGMLError, Op, Type
 
