@@ -11,7 +11,7 @@ import numpy as np
 from ggml_lite.backend_buffer import (backend_buffer_is_host, backend_buffer_name, backend_buft_alloc_buffer,
                                       backend_buft_get_alignment, backend_buft_get_max_size, check_byte,
                                       host_bytes)
-from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, tensor_buffer
+from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, check_index, require, tensor_buffer
 from ggml_lite.core import GGMLError
 from ggml_lite.graph import graph_check_alive
 from ggml_lite.tensor import _numpy_dtype       # the tensor chapter's dtype table
@@ -25,17 +25,15 @@ def _check_access(t, offset, size, where, verb):
     """ggml's three asserts of tensor_set/get/memset, with the numbers; the tensor's buffer."""
     tensor_check_alive(t, where)
     buf = tensor_buffer(t)
-    if buf is None:
-        raise GGMLError(f"{where}: tensor '{t.name}' has no buffer (tensor buffer not set): place it "
-                        f"in a backend buffer first (backend_alloc_ctx_tensors); a tensor in a "
-                        f"context's own pool is read and written with t.numpy()")
+    require(buf is not None, where, f"tensor '{t.name}' has no buffer (tensor buffer not set): place it "
+                                    "in a backend buffer first (backend_alloc_ctx_tensors); a tensor in a "
+                                    "context's own pool is read and written with t.numpy()")
     buffer_check_alive(buf, where)
-    if not t.data:
-        raise GGMLError(f"{where}: tensor '{t.name}' is not allocated (data is NULL)")
+    require(t.data, where, f"tensor '{t.name}' is not allocated (data is NULL)")
     n = nbytes(t)
-    if offset < 0 or size < 0 or offset + size > n:
-        raise GGMLError(f"{where}: tensor {verb} out of bounds: offset + size <= ggml_nbytes(tensor) "
-                        f"fails: {offset} + {size} > {n} (tensor '{t.name}')")
+    require(0 <= offset and 0 <= size and offset + size <= n, where,
+            f"tensor {verb} out of bounds: offset + size <= ggml_nbytes(tensor) "
+            f"fails: {offset} + {size} > {n} (tensor '{t.name}')")
     return buf
 
 
@@ -60,13 +58,11 @@ def _element_dtype(t):
 def _host_layout(t, where):
     """The dtype, shape and strides of t.numpy() (tensor chapter)."""
     dtype = _element_dtype(t)
-    if dtype is None:
-        raise GGMLError(f"{where}: no numpy dtype for type {type_name(t.type)}")
+    require(dtype is not None, where, f"no numpy dtype for type {type_name(t.type)}")
     if is_quantized(t.type):
         bs, ts = blck_size(t.type), type_size(t.type)
-        if t.nb[0] != ts or t.ne[0] % bs:
-            raise GGMLError(f"{where}: the blocks of '{t.name}' are not dense in its rows "
-                            f"(ne={t.ne}, nb={t.nb})")
+        require(t.nb[0] == ts and t.ne[0] % bs == 0, where, f"the blocks of '{t.name}' are not dense in its rows "
+                                                            f"(ne={t.ne}, nb={t.nb})")
         return dtype, (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // bs * ts), (t.nb[3], t.nb[2], t.nb[1], 1)
     return dtype, (t.ne[3], t.ne[2], t.ne[1], t.ne[0]), (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
 
@@ -96,16 +92,15 @@ def _as_bytes(data, where, writable=False):
     """A flat uint8 view of an array's bytes (C order) or of a bytes-like object; with
     writable=True a view that writes into data itself (a copy is refused, never made)."""
     if isinstance(data, np.ndarray):
-        if writable and (not data.flags.c_contiguous or not data.flags.writeable):
-            raise GGMLError(f"{where}: data must be a writable, C-contiguous array")
+        require(not writable or (data.flags.c_contiguous and data.flags.writeable), where,
+                "data must be a writable, C-contiguous array")
         return (data if writable else np.ascontiguousarray(data)).reshape(-1).view(np.uint8)
     try:
         arr = np.frombuffer(data, dtype=np.uint8)
     except TypeError:
         raise GGMLError(f"{where}: data must be a numpy array or a bytes-like object, "
                         f"not {type(data).__name__}") from None
-    if writable and not arr.flags.writeable:
-        raise GGMLError(f"{where}: data must be writable (bytearray, not bytes)")
+    require(not writable or arr.flags.writeable, where, "data must be writable (bytearray, not bytes)")
     return arr
 
 
@@ -136,9 +131,9 @@ def backend_tensor_set(tensor, data, offset=0, size=None):
     raw = _as_bytes(data, where)
     offset = int(offset)
     size = _copy_size(tensor, raw, offset, size, where, "write")
-    if full and size != nbytes(tensor):
-        raise GGMLError(f"{where}: data has {size} bytes, tensor '{tensor.name}' has {nbytes(tensor)} "
-                        f"(pass offset and size for a partial write)")
+    require(not full or size == nbytes(tensor), where,
+            f"data has {size} bytes, tensor '{tensor.name}' has {nbytes(tensor)} "
+            "(pass offset and size for a partial write)")
     if size == 0:
         return
     buf = _check_access(tensor, offset, size, where, "write")
@@ -206,9 +201,8 @@ def backend_tensor_copy(src, dst):
 def _set_values(t, data, where):
     dtype, shape, strides = _host_layout(t, where)
     count = int(np.prod(shape))
-    if data.size != count:
-        raise GGMLError(f"{where}: data has {data.size} elements (shape {data.shape}), tensor "
-                        f"'{t.name}' has {count} (t.numpy() shape {shape})")
+    require(data.size == count, where, f"data has {data.size} elements (shape {data.shape}), tensor "
+                                       f"'{t.name}' has {count} (t.numpy() shape {shape})")
     n = nbytes(t)
     if n == 0:
         return
@@ -461,9 +455,7 @@ def backend_reg_dev_count(reg):
 def backend_reg_dev_get(reg, index):
     """ggml_backend_reg_dev_get"""
     n = reg.get_device_count()
-    if not 0 <= index < n:
-        raise GGMLError(f"backend_reg_dev_get: index {index} out of range, {reg.get_name()} has {n} devices")
-    return reg.get_device(index)
+    return reg.get_device(check_index(index, n, "backend_reg_dev_get", f"the {n} devices of {reg.get_name()}"))
 
 
 def backend_reg_get_proc_address(reg, name):

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 
 from ggml_lite.backend_impl import (TENSOR_ALIGNMENT, BackendBuffer, BackendBufferType, BackendBufferUsage,
-                                    buffer_check_alive, tensor_buffer)
+                                    buffer_check_alive, require, tensor_buffer)
 from ggml_lite.core import GGMLError
 from ggml_lite.tensor import _address, _aligned_zeros   # the tensor chapter's memory helpers
 from ggml_lite.tensor import PAD, get_no_alloc, nbytes, tensor_check_alive
@@ -25,8 +25,7 @@ def backend_buft_name(buft):
 def backend_buft_alloc_buffer(buft, size):
     """ggml_backend_buft_alloc_buffer: a buffer of size bytes (a dummy for 0), or None if out of memory."""
     size = int(size)
-    if size < 0:
-        raise GGMLError(f"backend_buft_alloc_buffer: size = {size} is negative")
+    require(size >= 0, "backend_buft_alloc_buffer", f"size = {size} is negative")
     if size == 0:
         return _DummyBuffer(buft)
     try:
@@ -50,9 +49,9 @@ def backend_buft_get_max_size(buft):
 def backend_buft_get_alloc_size(buft, tensor):
     """ggml_backend_buft_get_alloc_size: bytes the tensor needs in this buffer type (>= nbytes)."""
     size = buft.get_alloc_size(tensor)
-    if size < nbytes(tensor):
-        raise GGMLError(f"backend_buft_get_alloc_size: {buft.get_name()} says {size} bytes for "
-                        f"'{tensor.name}', less than its nbytes {nbytes(tensor)}")
+    require(size >= nbytes(tensor), "backend_buft_get_alloc_size",
+            f"{buft.get_name()} says {size} bytes for "
+            f"'{tensor.name}', less than its nbytes {nbytes(tensor)}")
     return size
 
 
@@ -90,8 +89,7 @@ def backend_buffer_get_base(buffer):
         return 0
     buffer_check_alive(buffer, "backend_buffer_get_base")
     base = buffer.get_base()
-    if not base:
-        raise GGMLError(f"backend_buffer_get_base: backend buffer base cannot be NULL ({buffer!r})")
+    require(base, "backend_buffer_get_base", f"backend buffer base cannot be NULL ({buffer!r})")
     return base
 
 
@@ -152,8 +150,7 @@ def backend_buffer_reset(buffer):
 # %% book/07a_backend_buffers.ipynb #backend-buffer-helpers
 def check_byte(value, where):
     value = int(value)
-    if not 0 <= value <= 255:
-        raise GGMLError(f"{where}: value = {value} is not a byte (0..255)")
+    require(0 <= value <= 255, where, f"value = {value} is not a byte (0..255)")
     return value
 
 
@@ -205,8 +202,7 @@ class _MultiBuffer(BackendBuffer):
 def backend_multi_buffer_alloc_buffer(buffers):
     """ggml_backend_multi_buffer_alloc_buffer: one buffer that owns the given ones (same type)."""
     buffers = list(buffers)
-    if not buffers:
-        raise GGMLError("backend_multi_buffer_alloc_buffer: no buffers given")
+    require(buffers, "backend_multi_buffer_alloc_buffer", "no buffers given")
     return _MultiBuffer(buffers)
 
 
@@ -217,8 +213,8 @@ def backend_buffer_is_multi_buffer(buffer):
 
 def backend_multi_buffer_set_usage(buffer, usage):
     """ggml_backend_multi_buffer_set_usage: the usage of every part."""
-    if not isinstance(buffer, _MultiBuffer):
-        raise GGMLError(f"backend_multi_buffer_set_usage: {buffer!r} is not a multi-buffer")
+    require(isinstance(buffer, _MultiBuffer), "backend_multi_buffer_set_usage",
+            f"{buffer!r} is not a multi-buffer")
     for b in buffer.buffers:
         backend_buffer_set_usage(b, usage)
 
@@ -245,9 +241,9 @@ class _CPUBuffer(BackendBuffer):
 
     def _start(self, tensor, offset, size, where):
         start = tensor.data - _address(self._memory) + offset
-        if start < 0 or start + size > self.size:
-            raise GGMLError(f"{where}: tensor '{tensor.name}' (data at offset {start - offset}) is "
-                            f"not inside this {self.buft.get_name()} buffer of {self.size} bytes")
+        require(0 <= start and start + size <= self.size, where,
+                f"tensor '{tensor.name}' (data at offset {start - offset}) is "
+                f"not inside this {self.buft.get_name()} buffer of {self.size} bytes")
         return start
 
     def memset_tensor(self, tensor, value, offset, size):
@@ -319,14 +315,12 @@ def backend_cpu_buffer_from_ptr(ptr, size):
     """
     where = "backend_cpu_buffer_from_ptr"
     arr = ptr.reshape(-1).view(np.uint8) if isinstance(ptr, np.ndarray) else np.frombuffer(ptr, np.uint8)
-    if not arr.flags.c_contiguous or not arr.flags.writeable:
-        raise GGMLError(f"{where}: the memory must be C-contiguous and writable")
-    if _address(arr) % TENSOR_ALIGNMENT:
-        raise GGMLError(f"{where}: buffer pointer must be aligned to {TENSOR_ALIGNMENT} bytes "
-                        f"(its address % {TENSOR_ALIGNMENT} = {_address(arr) % TENSOR_ALIGNMENT})")
+    require(arr.flags.c_contiguous and arr.flags.writeable, where, "the memory must be C-contiguous and writable")
+    require(_address(arr) % TENSOR_ALIGNMENT == 0, where,
+            f"buffer pointer must be aligned to {TENSOR_ALIGNMENT} bytes "
+            f"(its address % {TENSOR_ALIGNMENT} = {_address(arr) % TENSOR_ALIGNMENT})")
     size = int(size)
-    if not 0 < size <= arr.nbytes:
-        raise GGMLError(f"{where}: size = {size}, the memory holds {arr.nbytes} bytes")
+    require(0 < size <= arr.nbytes, where, f"size = {size}, the memory holds {arr.nbytes} bytes")
     return _CPUBuffer(_CPU_MAPPED_BUFFER_TYPE, size, arr[:size])
 
 # %% book/07a_backend_buffers.ipynb #backend-tensor-alloc
@@ -337,17 +331,16 @@ def backend_tensor_alloc(buffer, tensor, addr):
     if tensor.buffer is not None:
         raise GGMLError(f"{where}: tensor '{tensor.name}' is already in a buffer "
                         f"({backend_buffer_name(tensor.buffer)})")
-    if tensor.data:
-        raise GGMLError(f"{where}: tensor '{tensor.name}' already has data (tensor->data == NULL fails)")
+    require(not tensor.data, where, f"tensor '{tensor.name}' already has data (tensor->data == NULL fails)")
     if tensor.view_src is not None:
         raise GGMLError(f"{where}: tensor '{tensor.name}' is a view of '{tensor.view_src.name}': "
                         f"place it with backend_view_init")
     base = backend_buffer_get_base(buffer)
     size = backend_buffer_get_alloc_size(buffer, tensor)
     addr = int(addr)
-    if addr < base or addr + size > base + buffer.size:
-        raise GGMLError(f"{where}: tensor '{tensor.name}' ({size} bytes at offset {addr - base}) does "
-                        f"not fit in the {backend_buffer_name(buffer)} buffer of {buffer.size} bytes")
+    require(base <= addr and addr + size <= base + buffer.size, where,
+            f"tensor '{tensor.name}' ({size} bytes at offset {addr - base}) does "
+            f"not fit in the {backend_buffer_name(buffer)} buffer of {buffer.size} bytes")
     tensor.buffer = buffer
     tensor.data = addr
     return backend_buffer_init_tensor(buffer, tensor)
@@ -358,13 +351,11 @@ def backend_view_init(tensor):
     where = "backend_view_init"
     tensor_check_alive(tensor, where)
     src = tensor.view_src
-    if tensor.buffer is not None:
-        raise GGMLError(f"{where}: tensor '{tensor.name}' is already in a buffer")
-    if src is None:
-        raise GGMLError(f"{where}: tensor '{tensor.name}' is not a view (view_src is NULL)")
-    if src.buffer is None or not src.data:
-        raise GGMLError(f"{where}: the source '{src.name}' of view '{tensor.name}' is not allocated "
-                        f"in a buffer yet")
+    require(tensor.buffer is None, where, f"tensor '{tensor.name}' is already in a buffer")
+    require(src is not None, where, f"tensor '{tensor.name}' is not a view (view_src is NULL)")
+    require(src.buffer is not None and src.data, where,
+            f"the source '{src.name}' of view '{tensor.name}' is not allocated "
+            "in a buffer yet")
     tensor.buffer = src.buffer
     tensor.data = src.data + tensor.view_offs
     return backend_buffer_init_tensor(tensor.buffer, tensor)
@@ -388,8 +379,7 @@ def tallocr_new(buffer):
     """ggml_tallocr_new: a linear allocator starting at the buffer's first aligned byte."""
     base = backend_buffer_get_base(buffer)
     align = backend_buffer_get_alignment(buffer)
-    if align <= 0 or align & (align - 1):
-        raise GGMLError(f"tallocr_new: alignment {align} is not a power of 2")
+    require(align > 0 and align & (align - 1) == 0, "tallocr_new", f"alignment {align} is not a power of 2")
     return Tallocr(buffer, base, align, (-base) % align)
 
 
@@ -398,9 +388,8 @@ def tallocr_alloc(talloc, tensor):
     tensor_check_alive(tensor, "tallocr_alloc")
     size = PAD(backend_buffer_get_alloc_size(talloc.buffer, tensor), talloc.alignment)
     available = backend_buffer_get_size(talloc.buffer) - talloc.offset
-    if size > available:
-        raise GGMLError(f"tallocr_alloc: not enough space in the buffer to allocate {tensor.name} "
-                        f"(needed {size}, available {available})")
+    require(size <= available, "tallocr_alloc", f"not enough space in the buffer to allocate {tensor.name} "
+                                                f"(needed {size}, available {available})")
     status = backend_tensor_alloc(talloc.buffer, tensor, talloc.base + talloc.offset)
     talloc.offset += size
     return status
@@ -451,9 +440,9 @@ def backend_alloc_ctx_tensors(ctx, backend):
 # %% book/07a_backend_buffers.ipynb #backend-alloc-ctx-helpers
 def _plan_ctx_buffers(ctx, buft):
     """Pass 1 of alloc_ctx_tensors: [(first, last, size)] ranges of ctx's tensors per buffer."""
-    if not get_no_alloc(ctx):
-        raise GGMLError("backend_alloc_ctx_tensors_from_buft: GGML_ASSERT(ggml_get_no_alloc(ctx) == true) "
-                        "failed: the context allocates its tensors' data itself; make it with no_alloc=True")
+    require(get_no_alloc(ctx), "backend_alloc_ctx_tensors_from_buft",
+            "the context allocates its tensors' data itself; make it with no_alloc=True",
+            assertion="ggml_get_no_alloc(ctx) == true")
     alignment = backend_buft_get_alignment(buft)
     max_size = backend_buft_get_max_size(buft)
     ranges = []

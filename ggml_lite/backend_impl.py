@@ -11,6 +11,22 @@ from enum import IntEnum
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.tensor import nbytes
 
+# %% book/07a_backend_buffers.ipynb #backend-checks
+def require(ok, where, message, assertion=None):
+    """GGML_ASSERT as an exception: unless ok, a GGMLError saying where it failed, what ggml asserts
+    (assertion, C's condition, when given) and message, which carries the numbers. The message is
+    built before the test: it must not read what the test guards (a None, a missing source)."""
+    if not ok:
+        if assertion is not None:
+            raise GGMLError(f"{where}: GGML_ASSERT({assertion}) failed: {message}")
+        raise GGMLError(f"{where}: {message}")
+
+
+def check_index(i, n, where, what):
+    """0 <= i < n, or a GGMLError naming the index, the range and what was indexed."""
+    require(0 <= i < n, where, f"index {i} out of range [0, {n}) for {what}")
+    return i
+
 # %% book/07a_backend_buffers.ipynb #backend-constants
 BACKEND_API_VERSION = 2        # GGML_BACKEND_API_VERSION
 TENSOR_ALIGNMENT = 32          # TENSOR_ALIGNMENT (src/ggml-impl.h): the CPU buffer type's alignment
@@ -150,9 +166,8 @@ def tensor_buffer(t):
 
 def buffer_check_alive(buffer, where):
     """Raise GGMLError if buffer was released with backend_buffer_free."""
-    if buffer._freed:
-        raise GGMLError(f"{where}: the {buffer.buft.get_name()} buffer of {buffer.size} bytes was "
-                        f"freed (backend_buffer_free); its tensors are gone")
+    require(not buffer._freed, where, f"the {buffer.buft.get_name()} buffer of {buffer.size} bytes was "
+                                      f"freed (backend_buffer_free); its tensors are gone")
 
 # %% book/07a_backend_buffers.ipynb #iface-backend
 class Backend(ABC):

@@ -13,8 +13,7 @@ import sys
 import types as _pytypes
 from pathlib import Path
 
-from ggml_lite.backend_impl import BACKEND_API_VERSION, BackendDevType
-from ggml_lite.core import GGMLError
+from ggml_lite.backend_impl import BACKEND_API_VERSION, BackendDevType, check_index
 
 _log = logging.getLogger("ggml_lite.backend")
 
@@ -75,9 +74,7 @@ def backend_reg_count():
 
 def backend_reg_get(index):
     """ggml_backend_reg_get"""
-    if not 0 <= index < len(registry.backends):
-        raise GGMLError(f"backend_reg_get: index {index} out of range, {len(registry.backends)} "
-                        f"backends are registered")
+    check_index(index, len(registry.backends), "backend_reg_get", "the registered backends")
     return registry.backends[index][0]
 
 
@@ -93,9 +90,7 @@ def backend_dev_count():
 
 def backend_dev_get(index):
     """ggml_backend_dev_get"""
-    if not 0 <= index < len(registry.devices):
-        raise GGMLError(f"backend_dev_get: index {index} out of range, {len(registry.devices)} "
-                        f"devices are registered")
+    check_index(index, len(registry.devices), "backend_dev_get", "the registered devices")
     return registry.devices[index]
 
 

@@ -7,6 +7,7 @@ __all__ = ['backend_blas_reg', 'backend_blas_init', 'backend_is_blas', 'backend_
 import numpy as np
 
 from ggml_lite.backend import Backend, BackendDevType, guid_matches
+from ggml_lite.backend_impl import require
 from ggml_lite.backends.cpu.compute import VIEW_OPS
 from ggml_lite.backends.host import HostDevice, SingleDeviceReg
 from ggml_lite.core import GGMLError, Status
@@ -165,8 +166,7 @@ def backend_is_blas(backend):
 def backend_blas_set_n_threads(backend_blas, n_threads):
     """ggml_backend_blas_set_n_threads: recorded; numpy's BLAS uses its own thread count
     (OPENBLAS_NUM_THREADS), which Python cannot change portably."""
-    if not backend_is_blas(backend_blas):
-        raise GGMLError(f"backend_blas_set_n_threads: {backend_blas!r} is not a BLAS backend")
+    require(backend_is_blas(backend_blas), "backend_blas_set_n_threads", f"{backend_blas!r} is not a BLAS backend")
     backend_blas.n_threads = int(n_threads)
 
 # %% book/07c_backend_devices.ipynb #blas-dl

@@ -6,7 +6,7 @@ __all__ = []
 # %% book/07c_backend_devices.ipynb #host-imports
 from ggml_lite.backend import (BackendDevCaps, BackendDevice, BackendDevProps, BackendReg, backend_buft_is_host,
                                backend_cpu_buffer_from_ptr, backend_cpu_buffer_type)
-from ggml_lite.core import GGMLError
+from ggml_lite.backend_impl import check_index
 
 # %% book/07c_backend_devices.ipynb #host-device
 class HostDevice(BackendDevice):
@@ -46,8 +46,7 @@ class SingleDeviceReg(BackendReg):
         return 1
 
     def get_device(self, index):
-        if index != 0:
-            raise GGMLError(f"{self._name} reg: device index {index} out of range (1 device)")
+        check_index(index, 1, f"{self._name} reg", "its one device")
         return self._device
 
     def get_proc_address(self, name):
