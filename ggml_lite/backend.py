@@ -41,10 +41,9 @@ def _check_same_layout(src, dst, where):
     """ggml_are_same_layout(src, dst), both alive: what a tensor copy asserts."""
     tensor_check_alive(src, where)
     tensor_check_alive(dst, where)
-    if not are_same_layout(src, dst):
-        raise GGMLError(f"{where}: cannot copy tensors with different layouts: '{src.name}' is "
-                        f"{type_name(src.type)} ne={src.ne} nb={src.nb}, '{dst.name}' is "
-                        f"{type_name(dst.type)} ne={dst.ne} nb={dst.nb}")
+    require(are_same_layout(src, dst), where,
+            f"cannot copy tensors with different layouts: '{src.name}' is {type_name(src.type)} "
+            f"ne={src.ne} nb={src.nb}, '{dst.name}' is {type_name(dst.type)} ne={dst.ne} nb={dst.nb}")
 
 # %% book/07b_backend_streams.ipynb #backend-host-layout
 def _element_dtype(t):
@@ -82,10 +81,10 @@ def _check_dtype(t, data, where):
     if not isinstance(data, np.ndarray) or data.dtype == np.uint8:
         return
     want = _element_dtype(t)
-    if want is None or data.dtype != want:
-        raise GGMLError(f"{where}: data is {data.dtype}, tensor '{t.name}' holds {type_name(t.type)} "
-                        f"({want if want is not None else 'no numpy dtype'}); convert it first "
-                        f"(astype, or quantize_chunk for a quantized type)")
+    require(want is not None and data.dtype == want, where,
+            f"data is {data.dtype}, tensor '{t.name}' holds {type_name(t.type)} "
+            f"({want if want is not None else 'no numpy dtype'}); convert it first "
+            f"(astype, or quantize_chunk for a quantized type)")
 
 # %% book/07b_backend_streams.ipynb #backend-bytes
 def _as_bytes(data, where, writable=False):
@@ -110,9 +109,8 @@ def _copy_size(tensor, raw, offset, size, where, verb):
     if size is None:
         size = raw.size if verb == "write" else nbytes(tensor) - offset
     size = int(size)
-    if size > raw.size:
-        room = "only" if verb == "write" else "room for only"
-        raise GGMLError(f"{where}: size = {size} but data has {room} {raw.size} bytes")
+    room = "only" if verb == "write" else "room for only"
+    require(size <= raw.size, where, f"size = {size} but data has {room} {raw.size} bytes")
     return size
 
 # %% book/07b_backend_streams.ipynb #backend-tensor-set

@@ -328,6 +328,7 @@ def backend_tensor_alloc(buffer, tensor, addr):
     """ggml_backend_tensor_alloc: place tensor at address addr inside buffer; a Status."""
     where = "backend_tensor_alloc"
     tensor_check_alive(tensor, where)
+    # two checks whose messages read what they guard, so they are built only on failure
     if tensor.buffer is not None:
         raise GGMLError(f"{where}: tensor '{tensor.name}' is already in a buffer "
                         f"({backend_buffer_name(tensor.buffer)})")
