@@ -1177,7 +1177,10 @@ def _gone_graph():
 def test_entry_points_refuse_tensors_and_graphs_that_are_gone():
     gf, a, y = _gone_graph()
     cpu = ggml.backend_cpu_init()
+    blas = ggml.backend_blas_init()
     for call in (lambda: ggml.backend_graph_compute(cpu, gf),
+                 lambda: cpu.graph_compute(gf),               # the members refuse too, not only the API
+                 lambda: blas.graph_compute(gf),
                  lambda: ggml.backend_graph_compute_async(cpu, gf),
                  lambda: ggml.backend_supports_op(cpu, y),
                  lambda: ggml.backend_dev_supports_op(cpu.device, y),
