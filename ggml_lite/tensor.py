@@ -109,6 +109,20 @@ def _fresh_strides(type, ne):
     return nb
 
 
+def _check_view(view_src, view_offs, data_size, strided, where):
+    """A view lies inside its source: data_size bytes from view_offs, and, when it has explicit
+    strides (`strided`, a descriptor with the view's ne and nb), its whole extent too."""
+    src_bytes = nbytes(view_src)
+    require(view_offs >= 0 and (data_size == 0 or data_size + view_offs <= src_bytes), where,
+            f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
+            f"(source '{view_src.name}', ne={view_src.ne})",
+            assertion="view_src == NULL || data_size == 0 || data_size + view_offs <= ggml_nbytes(view_src)")
+    extent = nbytes(strided) if strided is not None else 0
+    require(not extent or view_offs + extent <= src_bytes, where,
+            f"view out of bounds: with nb={strided.nb if strided else None} the view spans {extent} "
+            f"bytes from offset {view_offs}, past the {src_bytes} bytes of '{view_src.name}'")
+
+# %% book/02_tensor.ipynb #tensor-new-impl
 def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None, where="new_tensor"):
     """ggml_new_tensor_impl: a descriptor in ctx (plus its data unless no_alloc or a view).
 
@@ -116,38 +130,24 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
     """
     _check_alive(ctx)
     type = _as_type(type, where)
-    if not 1 <= n_dims <= MAX_DIMS:
-        raise GGMLError(f"{where}: n_dims = {n_dims}, must be 1..{MAX_DIMS}")
+    require(1 <= n_dims <= MAX_DIMS, where, f"n_dims = {n_dims}, must be 1..{MAX_DIMS}")
     ne = [int(n) for n in ne]
-    if len(ne) < n_dims:
-        raise GGMLError(f"{where}: {len(ne)} sizes given for n_dims = {n_dims}")
+    require(len(ne) >= n_dims, where, f"{len(ne)} sizes given for n_dims = {n_dims}")
     ne = ne[:n_dims] + [1] * (MAX_DIMS - n_dims)
-    if any(n < 0 for n in ne):
-        raise GGMLError(f"{where}: negative size in ne = {ne}")
+    require(all(n >= 0 for n in ne), where, f"negative size in ne = {ne}")
     if view_src is not None:
         tensor_check_alive(view_src, where)
     if view_src is not None and view_src.view_src is not None:   # re-base onto the root
         view_offs += view_src.view_offs
         view_src = view_src.view_src
     bs = blck_size(type)
-    if view_src is None and ne[0] % bs:
-        raise GGMLError(f"{where}: ne[0] = {ne[0]} is not a multiple of the block size {bs} "
-                        f"of {type_name(type)}")
+    require(view_src is not None or ne[0] % bs == 0, where,
+            f"ne[0] = {ne[0]} is not a multiple of the block size {bs} of {type_name(type)}")
     data_size = type_size(type) * ne[0] // bs
     for n in ne[1:]:
         data_size *= n
     if view_src is not None:
-        src_bytes = nbytes(view_src)
-        if view_offs < 0 or (data_size != 0 and data_size + view_offs > src_bytes):
-            raise GGMLError(f"{where}: GGML_ASSERT(view_src == NULL || data_size == 0 || "
-                            f"data_size + view_offs <= ggml_nbytes(view_src)) failed, "
-                            f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
-                            f"(source '{view_src.name}', ne={view_src.ne})")
-        extent = nbytes(Tensor(type, ne, nb)) if nb is not None else 0
-        if extent and view_offs + extent > src_bytes:
-            raise GGMLError(f"{where}: view out of bounds: with nb={nb} the view spans {extent} "
-                            f"bytes from offset {view_offs}, past the {src_bytes} bytes of "
-                            f"'{view_src.name}'")
+        _check_view(view_src, view_offs, data_size, Tensor(type, ne, nb) if nb is not None else None, where)
     alloc = data_size if view_src is None and not ctx.no_alloc else 0
     offs = _new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc)   # raises before any change
     t = Tensor(type, ne, nb if nb is not None else _fresh_strides(type, ne), ctx)
@@ -216,9 +216,8 @@ def set_name(t, name):
     63 bytes (GGML_MAX_NAME - 1) raises GGMLError and leaves t's name as it was."""
     tensor_check_alive(t, "set_name")
     n = len(str(name).encode("utf-8"))
-    if n > MAX_NAME - 1:
-        raise GGMLError(f"set_name: the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
-                        f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
+    require(n <= MAX_NAME - 1, "set_name", f"the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
+                                           f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
     t.name = name
     return t
 
@@ -228,7 +227,7 @@ def format_name(t, fmt, *args):
     t.name = fmt % args if args else fmt
     return t
 
-
+# %% book/02_tensor.ipynb #tensor-set-flags
 def set_input(t):
     """ggml_set_input: mark t as an input of the graph."""
     tensor_check_alive(t, "set_input")
@@ -244,26 +243,23 @@ def set_output(t):
 def set_param(t):
     """ggml_set_param: mark a leaf as a trainable parameter."""
     tensor_check_alive(t, "set_param")
-    if t.op != _OP_NONE:
-        raise GGMLError(f"set_param: GGML_ASSERT(tensor->op == GGML_OP_NONE) failed: "
-                        f"'{t.name}' has op {int(t.op)}; only a leaf can be a parameter")
+    require(t.op == _OP_NONE, "set_param", f"'{t.name}' has op {int(t.op)}; only a leaf can be a parameter",
+            assertion="tensor->op == GGML_OP_NONE")
     t.flags |= TensorFlag.PARAM
 
 
 def set_loss(t):
     """ggml_set_loss: mark a scalar F32 tensor as the loss."""
     tensor_check_alive(t, "set_loss")
-    if not is_scalar(t) or t.type != Type.F32:
-        raise GGMLError(f"set_loss: the loss must be a scalar F32 tensor, '{t.name}' is "
-                        f"{type_name(t.type)} with ne={t.ne}")
+    require(is_scalar(t) and t.type == Type.F32, "set_loss", f"the loss must be a scalar F32 tensor, "
+                                                             f"'{t.name}' is {type_name(t.type)} with ne={t.ne}")
     t.flags |= TensorFlag.LOSS
 
-
+# %% book/02_tensor.ipynb #tensor-op-params
 def set_op_params(t, params):
     """ggml_set_op_params: copy up to 64 bytes (bytes, or a numpy array's bytes) into op_params."""
     raw = params.tobytes() if isinstance(params, np.ndarray) else bytes(params)
-    if len(raw) > MAX_OP_PARAMS:
-        raise GGMLError(f"set_op_params: {len(raw)} bytes > GGML_MAX_OP_PARAMS = {MAX_OP_PARAMS}")
+    require(len(raw) <= MAX_OP_PARAMS, "set_op_params", f"{len(raw)} bytes > GGML_MAX_OP_PARAMS = {MAX_OP_PARAMS}")
     t.op_params.view(np.uint8)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
 
 
@@ -348,7 +344,7 @@ def view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
     """ggml_view_4d: all strides explicit."""
     return _view_impl(ctx, a, 4, [ne0, ne1, ne2, ne3], offset, [nb1, nb2, nb3], "view_4d")
 
-
+# %% book/02_tensor.ipynb #tensor-reshape
 def reshape(ctx, a, b):
     """ggml_reshape: a's bytes with b's shape (b's layout does not matter); a must be contiguous."""
     tensor_check_alive(b, "reshape")
@@ -374,7 +370,7 @@ def reshape_4d(ctx, a, ne0, ne1, ne2, ne3):
     """ggml_reshape_4d"""
     return _reshape_impl(ctx, a, [ne0, ne1, ne2, ne3], "reshape_4d")
 
-
+# %% book/02_tensor.ipynb #tensor-permute
 def permute(ctx, a, axis0, axis1, axis2, axis3):
     """ggml_permute: source dimension i becomes dimension axis_i (ne and nb move together)."""
     axes = [int(axis0), int(axis1), int(axis2), int(axis3)]
@@ -469,7 +465,7 @@ def _host_bytes(t, where):
         raise GGMLError(f"{where}: tensor '{t.name}': no memory is known behind its data address")
     return ctx.mem_buffer
 
-
+# %% book/02_tensor.ipynb #tensor-host-view
 def _host_view(t, where="numpy"):
     _check_descriptor(t, where)
     quantized = is_quantized(t.type)
@@ -498,7 +494,7 @@ def _host_view(t, where="numpy"):
                         f"lies outside its memory ({pool.nbytes} bytes)")
     return np.ndarray(shape, dtype=dtype, buffer=pool, offset=offset, strides=strides)
 
-
+# %% book/02_tensor.ipynb #tensor-element-access
 def _element_array(t, where):
     if Type(t.type).name not in _ELEMENT_TYPES:
         raise GGMLError(f"{where}: type {type_name(t.type)} is not supported (ggml aborts here)")
@@ -568,7 +564,7 @@ def set_i32_1d(t, i, value):
     else:
         a[idx] = _to_storage(t, np.float32(int(value)))
 
-
+# %% book/02_tensor.ipynb #tensor-get-nd
 def get_f32_nd(t, i0, i1, i2, i3):
     """ggml_get_f32_nd: element (i0, i1, i2, i3) as a float."""
     return get_f32_1d(t, ((i3 * t.ne[2] + i2) * t.ne[1] + i1) * t.ne[0] + i0)
