@@ -63,7 +63,7 @@ class _VBuffer:
     def __init__(self, chunks):
         self.chunks = chunks
 
-
+# %% book/08_alloc.ipynb #alloc-gallocr-struct
 class GallocrNeedsReserveError(GGMLError):
     """gallocr_alloc_graph got a graph its reservation does not fit, and has several buffers:
     the caller must call gallocr_reserve_n (ggml's function returns false here)."""

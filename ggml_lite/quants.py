@@ -134,15 +134,31 @@ def dequantize_row_q4_1(x, y):
 
 # %% book/01_types.ipynb #types-q8
 @njit(cache=True, nogil=True, error_model="numpy")
+def _absmax_scale(x, o, n):
+    """The symmetric 8-bit scale of x[o:o+n]: d = max|x|/127 and 1/d (0 for an all-zero block)."""
+    amax = _F0
+    for j in range(n):
+        amax = max(amax, abs(x[o + j]))
+    d = amax / np.float32(127.0)
+    return d, (_F1 / d if d != _F0 else _F0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _dequantize_q8(x, y, qk, block_bytes, qs_offset):
+    """q * d for the 8-bit formats: blocks of qk codes, block_bytes long, the codes at qs_offset."""
+    for i in range(y.shape[0] // qk):
+        o, b = i * qk, i * block_bytes
+        d = _get_f16(x, b)
+        for j in range(qk):
+            y[o + j] = np.float32(np.int8(x[b + qs_offset + j])) * d
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_0_ref(x, y):
     """block_q8_0 = {fp16 d; i8 qs[32]}: d = max|x|/127, q = roundf(x/d)."""
     for i in range(x.shape[0] // QK8_0):
         o, b = i * QK8_0, i * 34
-        amax = _F0
-        for j in range(QK8_0):
-            amax = max(amax, abs(x[o + j]))
-        d = amax / np.float32(127.0)
-        idd = _F1 / d if d != _F0 else _F0
+        d, idd = _absmax_scale(x, o, QK8_0)
         _put_f16(y, b, d)
         for j in range(QK8_0):
             y[b + 2 + j] = _to_int8(roundf(x[o + j] * idd)) & 0xFF
@@ -151,11 +167,7 @@ def quantize_row_q8_0_ref(x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_0(x, y):
     """q * d."""
-    for i in range(y.shape[0] // QK8_0):
-        o, b = i * QK8_0, i * 34
-        d = _get_f16(x, b)
-        for j in range(QK8_0):
-            y[o + j] = np.float32(np.int8(x[b + 2 + j])) * d
+    _dequantize_q8(x, y, QK8_0, 34, 2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -163,11 +175,7 @@ def quantize_row_q8_1_ref(x, y):
     """block_q8_1 = {fp16 d; fp16 s; i8 qs[32]}: as q8_0, plus s = d * sum(q) for the q4_1 dot."""
     for i in range(x.shape[0] // QK8_1):
         o, b = i * QK8_1, i * 36
-        amax = _F0
-        for j in range(QK8_1):
-            amax = max(amax, abs(x[o + j]))
-        d = amax / np.float32(127.0)
-        idd = _F1 / d if d != _F0 else _F0
+        d, idd = _absmax_scale(x, o, QK8_1)
         _put_f16(y, b, d)
         total = 0
         for j in range(QK8_1):
@@ -180,11 +188,7 @@ def quantize_row_q8_1_ref(x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_1(x, y):
     """q * d (ggml has no to_float for q8_1, an activation-only format; this is the obvious one)."""
-    for i in range(y.shape[0] // QK8_1):
-        o, b = i * QK8_1, i * 36
-        d = _get_f16(x, b)
-        for j in range(QK8_1):
-            y[o + j] = np.float32(np.int8(x[b + 4 + j])) * d
+    _dequantize_q8(x, y, QK8_1, 36, 4)
 
 # %% book/01_types.ipynb #types-q8k
 @njit(cache=True, nogil=True, error_model="numpy")

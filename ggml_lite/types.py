@@ -89,7 +89,7 @@ def row_size(t, n: int) -> int:
     _check_blocks(t, n, "row_size")
     return type_size(t) * (n // blck_size(t))
 
-# %% book/01_types.ipynb #types-traits
+# %% book/01_types.ipynb #types-reexports
 from ggml_lite.half import (bf16_to_fp32, bf16_to_fp32_array, bf16_to_fp32_row,  # noqa: F401 (re-exported)
                             float32_array, fp16_to_fp32, fp16_to_fp32_array, fp16_to_fp32_row, fp32_to_bf16,
                             fp32_to_bf16_array, fp32_to_bf16_row, fp32_to_fp16, fp32_to_fp16_array,
@@ -101,6 +101,7 @@ from ggml_lite.quants import (GROUP_MAX_EPS, dequantize_row_q4_0, dequantize_row
                               quantize_row_q4_K_ref, quantize_row_q6_K_ref, quantize_row_q8_0_ref,
                               quantize_row_q8_1_ref, quantize_row_q8_K_ref, roundf)
 
+# %% book/01_types.ipynb #types-traits
 # The numba row functions of each type: (from_float row, to_float row). F16/BF16 rows work on
 # uint16 arrays; every quantized row works on the uint8 bytes of its blocks.
 _ROWS = {
