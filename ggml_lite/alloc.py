@@ -109,7 +109,8 @@ def gallocr_new_n(bufts, n_bufs=None):
     """ggml_gallocr_new_n: buffers 0..n_bufs-1 of types bufts[i]; a repeated type shares one buffer."""
     bufts = list(bufts)
     if n_bufs is not None:
-        require(0 < n_bufs <= len(bufts), "gallocr_new_n", f"n_bufs = {n_bufs}, but {len(bufts)} buffer types given")
+        require(0 < n_bufs <= len(bufts), "gallocr_new_n",
+                f"n_bufs = {n_bufs}, but {len(bufts)} buffer types given")
         bufts = bufts[:n_bufs]
     require(len(bufts) > 0, "gallocr_new_n", "no buffer types")
     return Gallocr(bufts)
@@ -319,8 +320,8 @@ def _check_buffer_ids(graph, node_buffer_ids, leaf_buffer_ids, n_buffers):
         if ids is None:
             continue
         require(len(ids) >= n, "gallocr_reserve_n", f"{len(ids)} {what} buffer ids for {n} {what}s")
-        bad = [b for b in ids[:n] if not 0 <= b < n_buffers]
-        require(not bad, "gallocr_reserve_n", f"{what} buffer id {bad[0] if bad else ''} is not in 0..{n_buffers - 1}")
+        bad = next((b for b in ids[:n] if not 0 <= b < n_buffers), None)
+        require(bad is None, "gallocr_reserve_n", lambda: f"{what} buffer id {bad} is not in 0..{n_buffers - 1}")
 
 # %% book/08_alloc.ipynb #alloc-reserve-impl
 def _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc):

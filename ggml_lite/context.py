@@ -60,9 +60,11 @@ def aligned_zeros(nbytes, alignment=64):
 def _as_byte_array(buf, mem_size):
     """The caller's mem_buffer as a writable uint8 array of at least mem_size bytes."""
     arr = as_bytes(buf, "init", writable=True, what="mem_buffer")
-    require(arr.nbytes >= mem_size, "init", f"mem_buffer holds {arr.nbytes} bytes, less than mem_size = {mem_size}")
-    require(address(arr) % MEM_ALIGN == 0, "init", f"mem_buffer must be aligned to GGML_MEM_ALIGN = {MEM_ALIGN} "
-                                                   f"bytes (its address % {MEM_ALIGN} = {address(arr) % MEM_ALIGN})")
+    require(arr.nbytes >= mem_size, "init",
+            f"mem_buffer holds {arr.nbytes} bytes, less than mem_size = {mem_size}")
+    require(address(arr) % MEM_ALIGN == 0, "init",
+            f"mem_buffer must be aligned to GGML_MEM_ALIGN = {MEM_ALIGN} bytes "
+            f"(its address % {MEM_ALIGN} = {address(arr) % MEM_ALIGN})")
     return arr[:mem_size]
 
 # %% book/02_tensor.ipynb #tensor-context

@@ -218,7 +218,8 @@ def _build_forward_impl(graph, tensor, compute, where):
                 f"new_graph_custom(ctx, size) and size >= {have + new}")
     n_old = graph.n_nodes
     _visit_parents(graph, tensor, compute)
-    require(graph.n_nodes == n_old or graph.nodes[-1] is tensor, where, f"the walk from '{tensor.name}' did not end on it",
+    require(graph.n_nodes == n_old or graph.nodes[-1] is tensor, where,
+            f"the walk from '{tensor.name}' did not end on it",
             assertion="cgraph->nodes[cgraph->n_nodes - 1] == tensor")
 
 
@@ -265,8 +266,8 @@ def graph_add_node(cgraph, tensor):
     """ggml_graph_add_node: append a node by hand (no walk, no COMPUTE flag, not in the hash set)."""
     _check_graph(cgraph, "graph_add_node")
     tensor_check_alive(tensor, "graph_add_node")
-    require(cgraph.size > cgraph.n_nodes, "graph_add_node", f"graph is full: n_nodes >= size={cgraph.size} "
-                                                            f"(GGML_ASSERT(cgraph->size > cgraph->n_nodes) failed)",
+    require(cgraph.size > cgraph.n_nodes, "graph_add_node",
+            f"graph is full: n_nodes >= size={cgraph.size} (GGML_ASSERT(cgraph->size > cgraph->n_nodes) failed)",
             error=GraphFullError)
     cgraph.nodes.append(tensor)
 
@@ -321,7 +322,8 @@ def graph_cpy(src, dst):
     _check_graph(dst, "graph_cpy")
     for what, need, have in (("n_leafs", src.n_leafs, dst.size), ("n_nodes", src.n_nodes, dst.size),
                              ("hash set size", src.hash_size, dst.hash_size)):
-        require(have >= need, "graph_cpy", f"the destination is too small: {what} {need} > {have}", error=GraphFullError)
+        require(have >= need, "graph_cpy", f"the destination is too small: {what} {need} > {have}",
+                error=GraphFullError)
     dst.nodes, dst.leafs = list(src.nodes), list(src.leafs)
     dst.order = src.order
     dst.visited_hash_set = dict(src.visited_hash_set)

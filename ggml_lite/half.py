@@ -111,7 +111,8 @@ def uint16_array(h, where: str, half_ok: bool = False) -> np.ndarray:
     h = np.asarray(h)
     if half_ok and h.dtype == np.float16:
         h = h.view(np.uint16)
-    require(h.dtype == np.uint16, where, f"expected {'float16 or ' if half_ok else ''}uint16 bits, got {h.dtype}")
+    require(h.dtype == np.uint16, where,
+            f"expected {'float16 or ' if half_ok else ''}uint16 bits, got {h.dtype}")
     return np.ascontiguousarray(h)
 
 # %% book/01_types.ipynb #types-half-arrays

@@ -251,15 +251,16 @@ def set_param(t):
 def set_loss(t):
     """ggml_set_loss: mark a scalar F32 tensor as the loss."""
     tensor_check_alive(t, "set_loss")
-    require(is_scalar(t) and t.type == Type.F32, "set_loss", f"the loss must be a scalar F32 tensor, "
-                                                             f"'{t.name}' is {type_name(t.type)} with ne={t.ne}")
+    require(is_scalar(t) and t.type == Type.F32, "set_loss",
+            f"the loss must be a scalar F32 tensor, '{t.name}' is {type_name(t.type)} with ne={t.ne}")
     t.flags |= TensorFlag.LOSS
 
 # %% book/02_tensor.ipynb #tensor-op-params
 def set_op_params(t, params):
     """ggml_set_op_params: copy up to 64 bytes (bytes, or a numpy array's bytes) into op_params."""
     raw = params.tobytes() if isinstance(params, np.ndarray) else bytes(params)
-    require(len(raw) <= MAX_OP_PARAMS, "set_op_params", f"{len(raw)} bytes > GGML_MAX_OP_PARAMS = {MAX_OP_PARAMS}")
+    require(len(raw) <= MAX_OP_PARAMS, "set_op_params",
+            f"{len(raw)} bytes > GGML_MAX_OP_PARAMS = {MAX_OP_PARAMS}")
     t.op_params.view(np.uint8)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
 
 
@@ -305,15 +306,14 @@ _RESHAPE_COUNT = {"reshape": "ggml_nelements(a) == ggml_nelements(b)", "reshape_
 
 def _check_reshape(a, ne, where):
     tensor_check_alive(a, where)
-    if not is_contiguous(a):
-        raise GGMLError(f"{where}: GGML_ASSERT(ggml_is_contiguous(a)) failed: '{a.name}' has "
-                        f"ne={a.ne} nb={a.nb}; make it contiguous first (cont)")
+    require(is_contiguous(a), where, f"'{a.name}' has ne={a.ne} nb={a.nb}; make it contiguous first (cont)",
+            assertion="ggml_is_contiguous(a)")
     n = 1
     for x in ne:
         n *= int(x)
-    if nelements(a) != n:
-        raise GGMLError(f"{where}: GGML_ASSERT({_RESHAPE_COUNT[where]}) failed: '{a.name}' has "
-                        f"{nelements(a)} elements, the shape {[int(x) for x in ne]} has {n}")
+    require(nelements(a) == n, where,
+            f"'{a.name}' has {nelements(a)} elements, the shape {[int(x) for x in ne]} has {n}",
+            assertion=_RESHAPE_COUNT[where])
 
 
 def _reshape_impl(ctx, a, ne, where):
@@ -375,14 +375,12 @@ def permute(ctx, a, axis0, axis1, axis2, axis3):
     """ggml_permute: source dimension i becomes dimension axis_i (ne and nb move together)."""
     axes = [int(axis0), int(axis1), int(axis2), int(axis3)]
     for i, ax in enumerate(axes):                    # ggml's ten asserts, in its order
-        if not 0 <= ax < MAX_DIMS:
-            raise GGMLError(f"permute: GGML_ASSERT(axis{i} >= 0 && axis{i} < GGML_MAX_DIMS) failed: "
-                            f"axes {axes} are not a permutation of 0, 1, 2, 3")
+        require(0 <= ax < MAX_DIMS, "permute", f"axes {axes} are not a permutation of 0, 1, 2, 3",
+                assertion=f"axis{i} >= 0 && axis{i} < GGML_MAX_DIMS")
     for i in range(MAX_DIMS):
         for j in range(i + 1, MAX_DIMS):
-            if axes[i] == axes[j]:
-                raise GGMLError(f"permute: GGML_ASSERT(axis{i} != axis{j}) failed: "
-                                f"axes {axes} are not a permutation of 0, 1, 2, 3")
+            require(axes[i] != axes[j], "permute", f"axes {axes} are not a permutation of 0, 1, 2, 3",
+                    assertion=f"axis{i} != axis{j}")
     t = view_tensor(ctx, a)
     format_name(t, "%s (permuted)", a.name)
     for i, ax in enumerate(axes):
@@ -419,8 +417,7 @@ def get_next_tensor(ctx, t):
         if found and obj.type == ObjectType.TENSOR:
             return obj.payload
         found = found or obj.payload is t
-    if not found:
-        raise GGMLError(f"get_next_tensor: '{t.name}' is not a tensor of this context")
+    require(found, "get_next_tensor", f"'{t.name}' is not a tensor of this context")
     return None
 
 
@@ -457,12 +454,12 @@ def _host_bytes(t, where):
     _check_descriptor(root, where)
     buffer = t.buffer if t.buffer is not None else root.buffer
     if buffer is not None:
-        if not hasattr(buffer, "_host_array"):
-            raise GGMLError(f"{where}: tensor '{t.name}' lives in a buffer without host access")
+        require(hasattr(buffer, "_host_array"), where,
+                lambda: f"tensor '{t.name}' lives in a buffer without host access")
         return buffer._host_array()
     ctx = root._ctx
-    if ctx is None or ctx.mem_buffer is None:
-        raise GGMLError(f"{where}: tensor '{t.name}': no memory is known behind its data address")
+    require(ctx is not None and ctx.mem_buffer is not None, where,
+            lambda: f"tensor '{t.name}': no memory is known behind its data address")
     return ctx.mem_buffer
 
 # %% book/02_tensor.ipynb #tensor-host-view
@@ -470,13 +467,12 @@ def _host_view(t, where="numpy"):
     _check_descriptor(t, where)
     quantized = is_quantized(t.type)
     dtype = np.uint8 if quantized else _numpy_dtype(t.type)
-    if dtype is None:
-        raise GGMLError(f"{where}: no numpy dtype for type {type_name(t.type)}")
+    require(dtype is not None, where, lambda: f"no numpy dtype for type {type_name(t.type)}")
     bs = blck_size(t.type)
     if quantized:
-        if t.nb[0] != type_size(t.type) or t.ne[0] % bs:
-            raise GGMLError(f"{where}: the blocks of '{t.name}' are not dense in its rows "
-                            f"(ne={t.ne}, nb={t.nb}); there is no byte view of it")
+        require(t.nb[0] == type_size(t.type) and t.ne[0] % bs == 0, where,
+                lambda: f"the blocks of '{t.name}' are not dense in its rows (ne={t.ne}, nb={t.nb}); "
+                        f"there is no byte view of it")
         shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // bs * type_size(t.type))
         strides = (t.nb[3], t.nb[2], t.nb[1], 1)
     else:
@@ -484,20 +480,19 @@ def _host_view(t, where="numpy"):
         strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
     if is_empty(t):
         return np.zeros(shape, dtype=dtype)
-    if not t.data:
-        raise GGMLError(f"{where}: tensor '{t.name}' has no data (data is NULL): it was made in a "
-                        f"no_alloc context and has not been allocated yet")
+    require(t.data, where, lambda: f"tensor '{t.name}' has no data (data is NULL): it was made in a "
+                                   f"no_alloc context and has not been allocated yet")
     pool = _host_bytes(t, where)
     offset = t.data - _address(pool)
-    if offset < 0 or offset + nbytes(t) > pool.nbytes:
-        raise GGMLError(f"{where}: the data of '{t.name}' ({nbytes(t)} bytes at offset {offset}) "
-                        f"lies outside its memory ({pool.nbytes} bytes)")
+    require(offset >= 0 and offset + nbytes(t) <= pool.nbytes, where,
+            lambda: f"the data of '{t.name}' ({nbytes(t)} bytes at offset {offset}) lies outside its "
+                    f"memory ({pool.nbytes} bytes)")
     return np.ndarray(shape, dtype=dtype, buffer=pool, offset=offset, strides=strides)
 
 # %% book/02_tensor.ipynb #tensor-element-access
 def _element_array(t, where):
-    if Type(t.type).name not in _ELEMENT_TYPES:
-        raise GGMLError(f"{where}: type {type_name(t.type)} is not supported (ggml aborts here)")
+    require(Type(t.type).name in _ELEMENT_TYPES, where,
+            lambda: f"type {type_name(t.type)} is not supported (ggml aborts here)")
     return _host_view(t, where)
 
 
