@@ -148,6 +148,15 @@ def can_repeat(t0, t1):
     return all(t1.ne[i] % t0.ne[i] == 0 for i in range(MAX_DIMS))
 
 # %% book/02_tensor.ipynb #tensor-is-contiguous-n
+from ggml_lite.core import require
+
+
+def require_same_shape(a, b, where, names=("a", "b")):
+    """The one shape-equality check (ggml_are_same_shape), naming both shapes when it fails."""
+    require(are_same_shape(a, b), where, lambda: f"{names[0]}.ne={list(a.ne)}, {names[1]}.ne={list(b.ne)}",
+            assertion=f"ggml_are_same_shape({names[0]}, {names[1]})")
+
+
 def _is_contiguous_n(t, n):
     """ggml_is_contiguous_n: dim 0 dense; dims 1..n any stride; dims > n packed on the previous."""
     next_nb = type_size(t.type)

@@ -11,7 +11,8 @@ from ggml_lite.op_enums import (MROPE_SECTIONS, ROPE_TYPE_IMROPE, ROPE_TYPE_MROP
                                 ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, ROPE_TYPE_VISION, GluOp, Op, Prec, UnaryOp,
                                 get_glu_op, get_unary_op, glu_op_name, op_desc, op_name, op_symbol,
                                 unary_op_name)
-from ggml_lite.tensor import (MAX_DIMS, are_same_shape, can_repeat, dup_tensor, format_name,
+from ggml_lite.layout import require_same_shape
+from ggml_lite.tensor import (MAX_DIMS, can_repeat, dup_tensor, format_name,
                               get_op_params_i32, is_contiguous, is_contiguous_1,
                               is_contiguous_rows, is_padded_1d, is_transposed, is_vector,
                               nelements, new_tensor, new_tensor_1d, new_tensor_4d, set_op_params,
@@ -470,8 +471,7 @@ def _glu_impl(ctx, a, b, op, swapped, where):
     require(is_contiguous_1(a), where, f"a.ne={_ne(a)} nb={a.nb}", assertion="ggml_is_contiguous_1(a)")
     if b is not None:
         require(is_contiguous_1(b), where, f"b.ne={_ne(b)} nb={b.nb}", assertion="ggml_is_contiguous_1(b)")
-        require(are_same_shape(a, b), where, f"a.ne={_ne(a)}, b.ne={_ne(b)}",
-                assertion="ggml_are_same_shape(a, b)")
+        require_same_shape(a, b, where)
         require(a.type == b.type, where, f"{type_name(a.type)} and {type_name(b.type)}",
                 assertion="a->type == b->type")
     ne = list(a.ne) if b is not None else [a.ne[0] // 2] + list(a.ne[1:])

@@ -454,9 +454,11 @@ def _host_bytes(t, where):
     _check_descriptor(root, where)
     buffer = t.buffer if t.buffer is not None else root.buffer
     if buffer is not None:
-        require(hasattr(buffer, "_host_array"), where,
-                lambda: f"tensor '{t.name}' lives in a buffer without host access")
-        return buffer._host_array()
+        # A buffer over host memory offers host_array(), its bytes as a uint8 array: the one thing
+        # this layer asks of the buffers that later chapters write (_host_array: its older name).
+        host_array = getattr(buffer, "host_array", None) or getattr(buffer, "_host_array", None)
+        require(host_array is not None, where, lambda: f"tensor '{t.name}' lives in a buffer without host access")
+        return host_array()
     ctx = root._ctx
     require(ctx is not None and ctx.mem_buffer is not None, where,
             lambda: f"tensor '{t.name}': no memory is known behind its data address")
