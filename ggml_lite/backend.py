@@ -11,11 +11,10 @@ import numpy as np
 from ggml_lite.backend_buffer import (backend_buffer_is_host, backend_buffer_name, backend_buft_alloc_buffer,
                                       backend_buft_get_alignment, backend_buft_get_max_size, check_byte,
                                       host_bytes)
-from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, check_index, require, tensor_buffer
-from ggml_lite.core import GGMLError
+from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, tensor_buffer
+from ggml_lite.core import as_bytes, check_index, require
 from ggml_lite.graph import graph_check_alive
-from ggml_lite.tensor import _numpy_dtype       # the tensor chapter's dtype table
-from ggml_lite.tensor import are_same_layout, nbytes, tensor_check_alive
+from ggml_lite.tensor import are_same_layout, nbytes, numpy_dtype, tensor_check_alive
 from ggml_lite.types import blck_size, is_quantized, type_name, type_size
 
 _log = logging.getLogger("ggml_lite.backend")
@@ -25,15 +24,15 @@ def _check_access(t, offset, size, where, verb):
     """ggml's three asserts of tensor_set/get/memset, with the numbers; the tensor's buffer."""
     tensor_check_alive(t, where)
     buf = tensor_buffer(t)
-    require(buf is not None, where, f"tensor '{t.name}' has no buffer (tensor buffer not set): place it "
-                                    "in a backend buffer first (backend_alloc_ctx_tensors); a tensor in a "
-                                    "context's own pool is read and written with t.numpy()")
+    require(buf is not None, where, lambda: f"tensor '{t.name}' has no buffer (tensor buffer not set): place "
+                                            "it in a backend buffer first (backend_alloc_ctx_tensors); a tensor "
+                                            "in a context's own pool is read and written with t.numpy()")
     buffer_check_alive(buf, where)
-    require(t.data, where, f"tensor '{t.name}' is not allocated (data is NULL)")
+    require(t.data, where, lambda: f"tensor '{t.name}' is not allocated (data is NULL)")
     n = nbytes(t)
     require(0 <= offset and 0 <= size and offset + size <= n, where,
-            f"tensor {verb} out of bounds: offset + size <= ggml_nbytes(tensor) "
-            f"fails: {offset} + {size} > {n} (tensor '{t.name}')")
+            lambda: f"tensor {verb} out of bounds: offset + size <= ggml_nbytes(tensor) "
+                    f"fails: {offset} + {size} > {n} (tensor '{t.name}')")
     return buf
 
 
@@ -42,15 +41,15 @@ def _check_same_layout(src, dst, where):
     tensor_check_alive(src, where)
     tensor_check_alive(dst, where)
     require(are_same_layout(src, dst), where,
-            f"cannot copy tensors with different layouts: '{src.name}' is {type_name(src.type)} "
-            f"ne={src.ne} nb={src.nb}, '{dst.name}' is {type_name(dst.type)} ne={dst.ne} nb={dst.nb}")
+            lambda: f"cannot copy tensors with different layouts: '{src.name}' is {type_name(src.type)} "
+                    f"ne={src.ne} nb={src.nb}, '{dst.name}' is {type_name(dst.type)} ne={dst.ne} nb={dst.nb}")
 
 # %% book/07b_backend_streams.ipynb #backend-host-layout
 def _element_dtype(t):
     """The numpy dtype of t.numpy(): uint8 block bytes for quantized types; None if there is none."""
     if is_quantized(t.type):
         return np.dtype(np.uint8)
-    dtype = _numpy_dtype(t.type)
+    dtype = numpy_dtype(t.type)
     return None if dtype is None else np.dtype(dtype)
 
 
@@ -87,22 +86,6 @@ def _check_dtype(t, data, where):
             f"(astype, or quantize_chunk for a quantized type)")
 
 # %% book/07b_backend_streams.ipynb #backend-bytes
-def _as_bytes(data, where, writable=False):
-    """A flat uint8 view of an array's bytes (C order) or of a bytes-like object; with
-    writable=True a view that writes into data itself (a copy is refused, never made)."""
-    if isinstance(data, np.ndarray):
-        require(not writable or (data.flags.c_contiguous and data.flags.writeable), where,
-                "data must be a writable, C-contiguous array")
-        return (data if writable else np.ascontiguousarray(data)).reshape(-1).view(np.uint8)
-    try:
-        arr = np.frombuffer(data, dtype=np.uint8)
-    except TypeError:
-        raise GGMLError(f"{where}: data must be a numpy array or a bytes-like object, "
-                        f"not {type(data).__name__}") from None
-    require(not writable or arr.flags.writeable, where, "data must be writable (bytearray, not bytes)")
-    return arr
-
-
 def _copy_size(tensor, raw, offset, size, where, verb):
     """The size of a raw copy (default: all of data to write, the rest of the tensor to read),
     checked against the room in data."""
@@ -126,7 +109,7 @@ def backend_tensor_set(tensor, data, offset=0, size=None):
     full = offset == 0 and size is None
     if full and isinstance(data, np.ndarray) and data.dtype == _element_dtype(tensor):
         return _set_values(tensor, data, where)
-    raw = _as_bytes(data, where)
+    raw = as_bytes(data, where)
     offset = int(offset)
     size = _copy_size(tensor, raw, offset, size, where, "write")
     require(not full or size == nbytes(tensor), where,
@@ -153,7 +136,7 @@ def backend_tensor_get(tensor, data=None, offset=0, size=None):
         size = nbytes(tensor) - offset if size is None else int(size)
         out = np.empty(max(size, 0), np.uint8)
     else:
-        out = _as_bytes(data, where, writable=True)
+        out = as_bytes(data, where, writable=True)
         size = _copy_size(tensor, out, offset, size, where, "read")
     if size != 0:
         buf = _check_access(tensor, offset, size, where, "read")
@@ -272,7 +255,7 @@ def backend_tensor_set_async(backend, tensor, data, offset=0, size=None):
     data must stay unchanged until backend_synchronize."""
     where = "backend_tensor_set_async"
     _check_dtype(tensor, data, where)
-    raw = _as_bytes(data, where)
+    raw = as_bytes(data, where)
     offset = int(offset)
     size = _copy_size(tensor, raw, offset, size, where, "write")
     _check_access(tensor, offset, size, where, "write")
@@ -282,7 +265,7 @@ def backend_tensor_set_async(backend, tensor, data, offset=0, size=None):
 def backend_tensor_get_async(backend, tensor, data, offset=0, size=None):
     """ggml_backend_tensor_get_async: a raw copy into data (writable), complete after backend_synchronize."""
     where = "backend_tensor_get_async"
-    out = _as_bytes(data, where, writable=True)
+    out = as_bytes(data, where, writable=True)
     offset = int(offset)
     size = _copy_size(tensor, out, offset, size, where, "read")
     _check_access(tensor, offset, size, where, "read")

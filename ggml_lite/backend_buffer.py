@@ -9,10 +9,10 @@ import logging
 import numpy as np
 
 from ggml_lite.backend_impl import (TENSOR_ALIGNMENT, BackendBuffer, BackendBufferType, BackendBufferUsage,
-                                    buffer_check_alive, require, tensor_buffer)
-from ggml_lite.core import GGMLError
-from ggml_lite.tensor import _address, _aligned_zeros   # the tensor chapter's memory helpers
-from ggml_lite.tensor import PAD, get_no_alloc, nbytes, tensor_check_alive
+                                    buffer_check_alive, tensor_buffer)
+from ggml_lite.context import PAD, address, aligned_zeros, get_no_alloc, tensor_check_alive
+from ggml_lite.core import GGMLError, require
+from ggml_lite.tensor import nbytes
 
 _log = logging.getLogger("ggml_lite.backend")
 
@@ -237,10 +237,10 @@ class _CPUBuffer(BackendBuffer):
         self._memory = None             # numpy views handed out earlier keep the bytes alive
 
     def get_base(self):
-        return _address(self._memory)
+        return address(self._memory)
 
     def _start(self, tensor, offset, size, where):
-        start = tensor.data - _address(self._memory) + offset
+        start = tensor.data - address(self._memory) + offset
         require(0 <= start and start + size <= self.size, where,
                 f"tensor '{tensor.name}' (data at offset {start - offset}) is "
                 f"not inside this {self.buft.get_name()} buffer of {self.size} bytes")
@@ -273,8 +273,10 @@ class _CPUBuffer(BackendBuffer):
 
 def host_bytes(t, n):
     """The first n bytes of t in its host buffer, as a uint8 view (no copy)."""
-    mem = tensor_buffer(t).host_array()
-    start = t.data - _address(mem)
+    buffer = tensor_buffer(t)
+    hook = getattr(buffer, "host_array", None) or getattr(buffer, "_host_array")   # (its older name)
+    mem = hook()
+    start = t.data - address(mem)
     return mem[start:start + n]
 
 # %% book/07a_backend_buffers.ipynb #backend-cpu-buffer-type-impl
@@ -289,7 +291,7 @@ class _CPUBufferType(BackendBufferType):
         return self._name
 
     def alloc_buffer(self, size):
-        return _CPUBuffer(self, size, _aligned_zeros(size, 64))
+        return _CPUBuffer(self, size, aligned_zeros(size, 64))
 
     def get_alignment(self):
         return TENSOR_ALIGNMENT
@@ -316,9 +318,9 @@ def backend_cpu_buffer_from_ptr(ptr, size):
     where = "backend_cpu_buffer_from_ptr"
     arr = ptr.reshape(-1).view(np.uint8) if isinstance(ptr, np.ndarray) else np.frombuffer(ptr, np.uint8)
     require(arr.flags.c_contiguous and arr.flags.writeable, where, "the memory must be C-contiguous and writable")
-    require(_address(arr) % TENSOR_ALIGNMENT == 0, where,
+    require(address(arr) % TENSOR_ALIGNMENT == 0, where,
             f"buffer pointer must be aligned to {TENSOR_ALIGNMENT} bytes "
-            f"(its address % {TENSOR_ALIGNMENT} = {_address(arr) % TENSOR_ALIGNMENT})")
+            f"(its address % {TENSOR_ALIGNMENT} = {address(arr) % TENSOR_ALIGNMENT})")
     size = int(size)
     require(0 < size <= arr.nbytes, where, f"size = {size}, the memory holds {arr.nbytes} bytes")
     return _CPUBuffer(_CPU_MAPPED_BUFFER_TYPE, size, arr[:size])
@@ -328,14 +330,11 @@ def backend_tensor_alloc(buffer, tensor, addr):
     """ggml_backend_tensor_alloc: place tensor at address addr inside buffer; a Status."""
     where = "backend_tensor_alloc"
     tensor_check_alive(tensor, where)
-    # two checks whose messages read what they guard, so they are built only on failure
-    if tensor.buffer is not None:
-        raise GGMLError(f"{where}: tensor '{tensor.name}' is already in a buffer "
-                        f"({backend_buffer_name(tensor.buffer)})")
+    require(tensor.buffer is None, where, lambda: f"tensor '{tensor.name}' is already in a buffer "
+                                                  f"({backend_buffer_name(tensor.buffer)})")
     require(not tensor.data, where, f"tensor '{tensor.name}' already has data (tensor->data == NULL fails)")
-    if tensor.view_src is not None:
-        raise GGMLError(f"{where}: tensor '{tensor.name}' is a view of '{tensor.view_src.name}': "
-                        f"place it with backend_view_init")
+    require(tensor.view_src is None, where, lambda: f"tensor '{tensor.name}' is a view of "
+                                                    f"'{tensor.view_src.name}': place it with backend_view_init")
     base = backend_buffer_get_base(buffer)
     size = backend_buffer_get_alloc_size(buffer, tensor)
     addr = int(addr)

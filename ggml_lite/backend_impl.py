@@ -8,24 +8,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from ggml_lite.core import GGMLError, Status
+from ggml_lite.core import GGMLError, Status, require
 from ggml_lite.tensor import nbytes
-
-# %% book/07a_backend_buffers.ipynb #backend-checks
-def require(ok, where, message, assertion=None):
-    """GGML_ASSERT as an exception: unless ok, a GGMLError saying where it failed, what ggml asserts
-    (assertion, C's condition, when given) and message, which carries the numbers. The message is
-    built before the test: it must not read what the test guards (a None, a missing source)."""
-    if not ok:
-        if assertion is not None:
-            raise GGMLError(f"{where}: GGML_ASSERT({assertion}) failed: {message}")
-        raise GGMLError(f"{where}: {message}")
-
-
-def check_index(i, n, where, what):
-    """0 <= i < n, or a GGMLError naming the index, the range and what was indexed."""
-    require(0 <= i < n, where, f"index {i} out of range [0, {n}) for {what}")
-    return i
 
 # %% book/07a_backend_buffers.ipynb #backend-constants
 BACKEND_API_VERSION = 2        # GGML_BACKEND_API_VERSION
@@ -105,7 +89,10 @@ class BackendBufferType(ABC):
 
 # %% book/07a_backend_buffers.ipynb #iface-buffer
 class BackendBuffer(ABC):
-    """ggml_backend_buffer: one allocation of a buffer type. Attributes: buft, size, usage."""
+    """ggml_backend_buffer: one allocation of a buffer type. Attributes: buft, size, usage.
+
+    A buffer of host memory also has host_array(): a uint8 array over the whole buffer from its
+    base, what t.numpy() and the CPU kernels read through (ggml_lite's own member)."""
 
     def __init__(self, buft, size):
         self.buft = buft
@@ -146,13 +133,6 @@ class BackendBuffer(ABC):
 
     def reset(self):
         """Drop what init_tensor set up (optional)."""
-
-    def host_array(self):
-        """ggml_lite's hook: a uint8 array over the whole buffer from its base, for memory the
-        host can address (what t.numpy() and the CPU kernels read through); None otherwise.
-        The default answers with the older name of the hook, _host_array, where a buffer has it."""
-        older = getattr(self, "_host_array", None)
-        return None if older is None else older()
 
     def __repr__(self):
         state = ", freed" if self._freed else ""
@@ -306,7 +286,7 @@ class BackendReg(ABC):
     def get_device(self, index):
         """Device number index."""
 
-    def get_proc_address(self, name):
+    def get_procaddress(self, name):
         """An extension function by its ggml name, e.g. "ggml_backend_set_n_threads", or None (optional)."""
         return None
 

@@ -13,7 +13,8 @@ import sys
 import types as _pytypes
 from pathlib import Path
 
-from ggml_lite.backend_impl import BACKEND_API_VERSION, BackendDevType, check_index
+from ggml_lite.backend_impl import BACKEND_API_VERSION, BackendDevType
+from ggml_lite.core import check_index
 
 _log = logging.getLogger("ggml_lite.backend")
 

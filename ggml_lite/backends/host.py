@@ -6,7 +6,7 @@ __all__ = []
 # %% book/07c_backend_devices.ipynb #host-imports
 from ggml_lite.backend import (BackendDevCaps, BackendDevice, BackendDevProps, BackendReg, backend_buft_is_host,
                                backend_cpu_buffer_from_ptr, backend_cpu_buffer_type)
-from ggml_lite.backend_impl import check_index
+from ggml_lite.core import check_index
 
 # %% book/07c_backend_devices.ipynb #host-device
 class HostDevice(BackendDevice):

@@ -11,8 +11,8 @@ import numpy as np
 from ggml_lite.backend import Backend, BackendDevType, backend_buft_is_host, guid_matches
 from ggml_lite.backends.cpu.compute import (DEFAULT_N_THREADS, cpu_supports_op, graph_compute, graph_plan,
                                             op_is_empty)
-from ggml_lite.backend_impl import require
 from ggml_lite.backends.host import HostDevice, SingleDeviceReg
+from ggml_lite.core import require
 
 _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a,
                    0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
