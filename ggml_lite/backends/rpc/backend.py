@@ -505,8 +505,6 @@ def backend_rpc_add_server(endpoint):
     with _REG_LOCK:
         reg = _SERVER_REGS.get(endpoint)
         if reg is None:
-            if len(_SERVER_REGS) >= GGML_RPC_MAX_SERVERS:
-                raise GGMLError(f"RPC: at most GGML_RPC_MAX_SERVERS = {GGML_RPC_MAX_SERVERS} servers")
             n = _U32.unpack(_get_socket(endpoint).call(RpcCmd.DEVICE_COUNT, b"", 4))[0]
             if n == 0:
                 raise GGMLError(f"RPC: the server {endpoint} has no devices")
