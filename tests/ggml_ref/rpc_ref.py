@@ -151,14 +151,17 @@ def main():
             out["scenarios"][name] = {"local": run_real(g, cpu, name),
                                       "real_client_real_server": run_real(g, rpc_real, name),
                                       "real_client_lite_server": run_real(g, rpc_lite, name)}
+        time.sleep(0.5)
+        n_real = len(proxy.sessions)
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="0")
         res = subprocess.run([lite_python, str(HERE / "rpc_lite_run.py"), f"127.0.0.1:{proxy.port}"],
                              capture_output=True, text=True, env=env, check=True)
         for name, hexes in json.loads(res.stdout).items():
             out["scenarios"][name]["lite_client_real_server"] = hexes
         time.sleep(0.5)
-        # ggml's client opens a connection whenever none is alive (the buffers hold it): several
-        # for the real client; the last one is ggml_lite's client (one connection for all)
+        # ggml's client opens a connection whenever none is alive (the buffers hold it): the first
+        # n_real connections are real ggml's client's, the others ggml_lite's client's
+        out["n_real_sessions"] = n_real
         out["sessions"] = [{k: base64.b64encode(bytes(v)).decode() for k, v in rec.items()}
                            for rec in proxy.sessions]
     finally:

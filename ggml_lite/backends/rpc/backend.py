@@ -12,6 +12,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -155,8 +156,10 @@ def _parse_endpoint(endpoint):
 
 
 class _Connection:
-    """One TCP socket to one server, shared by every buffer, buffer type and backend of that
-    endpoint (ggml's get_socket). Counts the bytes each way, for the chapter's measurements."""
+    """One TCP socket to one server, shared by the buffers of that endpoint and by whoever is
+    sending a command; it closes when the last of them lets go (ggml's get_socket keeps weak
+    pointers: a process with no buffer on a server leaves the server free for another client).
+    Counts the bytes each way, per endpoint, for the chapter's measurements."""
 
     def __init__(self, endpoint):
         self.endpoint = endpoint
@@ -167,9 +170,9 @@ class _Connection:
             raise GGMLError(f"RPC: failed to connect to {endpoint}: {e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
-        self.sent = self.received = 0
-        self.commands = {}
+        self.traffic = _TRAFFIC.setdefault(endpoint, {"sent": 0, "received": 0, "commands": {}})
         self.alive = True
+        weakref.finalize(self, self.sock.close)
 
     def call(self, cmd, payload=b"", response_size=0, into=None):
         """Send one request (payload: bytes, or a tuple of byte-like parts sent one after the
@@ -188,8 +191,8 @@ class _Connection:
                     self.sock.sendall(head)
                     for p in parts:
                         self.sock.sendall(memoryview(p).cast("B"))
-                self.sent += len(head) + n
-                self.commands[cmd.name] = self.commands.get(cmd.name, 0) + 1
+                self.traffic["sent"] += len(head) + n
+                self.traffic["commands"][cmd.name] = self.traffic["commands"].get(cmd.name, 0) + 1
                 if cmd in _NO_RESPONSE:
                     return None
                 size = _U64.unpack(self._recv(8, cmd))[0]
@@ -197,7 +200,7 @@ class _Connection:
                     raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the server answered "
                                     f"{size} bytes, expected {response_size}")
                 out = self._recv(size, cmd, into)
-                self.received += 8 + size
+                self.traffic["received"] += 8 + size
                 return out
             except GGMLError:
                 self._close()
@@ -219,14 +222,12 @@ class _Connection:
 
     def _close(self):
         self.alive = False
-        try:
-            self.sock.close()
-        finally:
-            _SOCKETS.pop(self.endpoint, None)
+        self.sock.close()
 
 
-_SOCKETS = {}                  # endpoint -> _Connection (ggml: a map of weak pointers)
+_SOCKETS = weakref.WeakValueDictionary()    # endpoint -> _Connection, while anyone holds it
 _SOCKETS_LOCK = threading.Lock()
+_TRAFFIC = {}                               # endpoint -> bytes and commands so far
 
 
 def _get_socket(endpoint):
@@ -310,7 +311,8 @@ class _RPCBuffer(BackendBuffer):
         self.conn, self.remote_ptr, self.base = conn, remote_ptr, 0
 
     def free_buffer(self):
-        self.conn.call(RpcCmd.FREE_BUFFER, _U64.pack(self.remote_ptr), 0)
+        conn, self.conn = self.conn, None          # the last buffer to go closes the connection
+        conn.call(RpcCmd.FREE_BUFFER, _U64.pack(self.remote_ptr), 0)
 
     def get_base(self):
         if not self.base:
@@ -558,11 +560,10 @@ def backend_rpc_get_device_memory(endpoint, device=0):
 
 
 def rpc_wire_stats(endpoint):
-    """ggml_lite's own: bytes sent and received on the connection to endpoint, and requests per command."""
-    conn = _SOCKETS.get(str(endpoint))
-    if conn is None:
-        return {"sent": 0, "received": 0, "commands": {}}
-    return {"sent": conn.sent, "received": conn.received, "commands": dict(conn.commands)}
+    """ggml_lite's own: bytes sent and received to endpoint so far (every connection), and the
+    number of requests of each command."""
+    t = _TRAFFIC.get(str(endpoint), {"sent": 0, "received": 0, "commands": {}})
+    return {"sent": t["sent"], "received": t["received"], "commands": dict(t["commands"])}
 
 # %% book/10_rpc.ipynb #rpc-server-errors
 class _Refused(GGMLError):
