@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,9 @@ class LiteServer:
         else:
             raise RuntimeError(f"the rpc server did not start: {self.log()}")
         self.port = int(self.endpoint.rsplit(":", 1)[1])
+        # the server prints a line per connection: read them, or a full pipe stops the server
+        self.lines = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
 
     def alive(self):
         return self.proc.poll() is None
@@ -47,7 +51,6 @@ class LiteServer:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
-        self.proc.stdout.close()
 
 
 def connect(port, timeout=30):
