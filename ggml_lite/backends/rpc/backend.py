@@ -661,11 +661,9 @@ def _check_node(i, node, backend):
             raise _Refused(f"{what}: tensor '{t.name}' has no memory on this server (buffer 0)")
         if _shows_more_than_it_spans(t):
             raise _Refused(f"{what}: tensor '{t.name}' has overlapping strides (ne={list(t.ne)}, nb={list(t.nb)})")
-    if not backend_supports_op(backend, node):
-        raise _Refused(f"{what}: the server's {backend.get_name()} backend cannot compute it")
     rule = _REBUILD.get(Op(node.op))
-    if rule is None:
-        raise _Refused(f"{what}: no shape rules known for this op")
+    if rule is None:                                # what no ggml_lite backend computes yet
+        raise _Refused(f"{what}: the server's {backend.get_name()} backend cannot compute it")
     try:
         r = rule(init(8 * tensor_overhead(), no_alloc=True), node)   # a scratch context
     except (GGMLError, ValueError, TypeError, AttributeError, IndexError) as e:
@@ -673,6 +671,12 @@ def _check_node(i, node, backend):
     if int(r.type) != int(node.type) or list(r.ne) != list(node.ne):
         raise _Refused(f"{what}: says {Type(node.type).name} ne={list(node.ne)}, its sources make "
                        f"{Type(r.type).name} ne={list(r.ne)}")
+    try:                                            # e.g. a UNARY node whose op_params name no unary op
+        supported = backend_supports_op(backend, node)
+    except (GGMLError, ValueError, TypeError, AttributeError) as e:
+        raise _Refused(f"{what}: {type(e).__name__}: {e}") from None
+    if not supported:
+        raise _Refused(f"{what}: the server's {backend.get_name()} backend cannot compute it")
 
 # %% book/10_rpc.ipynb #rpc-server-tensors
 class _ServerSession:
