@@ -538,3 +538,78 @@ def test_the_weight_cache(tmp_path):
             ggml.backend_buffer_free(buf)
     finally:
         srv.stop()
+
+
+def test_a_cast_node_that_is_its_own_source(server):
+    """ggml_cast's node is its own src[1] (a legal self-loop): it crosses and computes."""
+    backend = ggml.backend_rpc_init(server.endpoint, 0)
+    ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+    a = ggml.new_tensor_1d(ctx, ggml.Type.F32, 8)
+    c = ggml.cast(ctx, a, ggml.Type.F16)
+    assert c.src[1] is c
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, c)
+    buf = ggml.backend_alloc_ctx_tensors(ctx, backend)
+    ggml.backend_tensor_set(a, np.linspace(-1, 1, 8, dtype=np.float32))
+    ggml.backend_graph_compute(backend, gf)
+    assert np.array_equal(ggml.backend_tensor_get(c).reshape(-1), np.linspace(-1, 1, 8).astype(np.float16))
+    ggml.backend_buffer_free(buf)
+
+
+# --- the scheduler over RPC + CPU, against real ggml's decisions (tests/data/sched_ref.json) ---------
+
+try:
+    import sched_scenarios
+    import test_sched as TS
+    SCHED_REF = json.loads((HERE / "data" / "sched_ref.json").read_text())
+    RPC_SCHED = [n for n, s in sched_scenarios.SCENARIOS.items() if "RPC" in s["backends"]]
+except (ImportError, FileNotFoundError):              # the scheduler chapter is not here
+    RPC_SCHED = []
+
+
+@pytest.fixture(scope="module")
+def sched_server():
+    s = LiteServer(lifetime=600)
+    yield s
+    s.stop()
+
+
+def _who(sched, t):
+    b = ggml.backend_sched_get_tensor_backend(sched, t)
+    name = None if b is None else ggml.backend_name(b)
+    return "RPC" if name is not None and name.startswith("RPC") else name
+
+
+@pytest.mark.parametrize("name", RPC_SCHED)
+def test_scheduler_over_rpc_and_cpu_matches_real_ggml(sched_server, name):
+    """The scheduler chapter's RPC scenarios, with the real RPC backend of this chapter (a loopback
+    server) where that chapter used a stand-in: the splits, their inputs, every node's and leaf's
+    backend and the buffer sizes are real ggml's (with its real RPC backend); and the output is the
+    stand-in's, computed here through the server."""
+    ref = SCHED_REF["scenarios"][name]
+    rpc = ggml.backend_rpc_init(sched_server.endpoint, 0)
+    s, sched, backends = TS._setup(sched_scenarios.SCENARIOS[name], extra={"RPC": rpc})
+    gf = s["gf"]
+    assert ggml.backend_sched_alloc_graph(sched, gf)
+    assert ggml.backend_sched_get_n_splits(sched) == ref["n_splits"]
+    assert [[n.name, _who(sched, n)] for n in gf.nodes] == ref["nodes"]
+    assert [[n.name, _who(sched, n)] for n in gf.leafs] == ref["leafs"]
+    def split_backend(sp):
+        b = sched.backends[sp.backend_id]
+        return "RPC" if ggml.backend_is_rpc(b) else ggml.backend_name(b)
+    splits = [{"backend": split_backend(sp), "n_inputs": sp.n_inputs, "inputs": [t.name for t in sp.inputs]}
+              for sp in sched.splits]
+    assert splits == ref["splits"]
+    assert [ggml.backend_sched_get_buffer_size(sched, b) for b in backends] == ref["buffer_sizes"]
+    TS._fill_inputs(s)
+    assert ggml.backend_sched_graph_compute(sched, gf) == ggml.Status.SUCCESS
+    got = ggml.backend_tensor_get(s["out"])
+    s2, sched2, _ = TS._setup(sched_scenarios.SCENARIOS[name], extra={"RPC": TS._rpc_stand_in()})
+    assert ggml.backend_sched_alloc_graph(sched2, s2["gf"])
+    TS._fill_inputs(s2)
+    assert ggml.backend_sched_graph_compute(sched2, s2["gf"]) == ggml.Status.SUCCESS
+    want = ggml.backend_tensor_get(s2["out"])
+    assert np.isfinite(want).all() and np.sum((got - want) ** 2) <= 1e-10 * max(np.sum(want ** 2), 1e-30)
+    ggml.backend_sched_free(sched)
+    del s, sched, backends, rpc
+    gc.collect()                          # the weights' buffers go, and with them the connection
