@@ -125,7 +125,8 @@ def start_lite_server(lite_python):
         m = re.search(r"endpoint\s*: (\S+)", line)
         if m:
             endpoint = m.group(1)
-        if "transport" in line:
+        if "transport" in line:         # from here on it prints a line per connection: keep reading
+            threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
             return p, endpoint
     raise RuntimeError("the ggml_lite server did not start")
 
