@@ -154,7 +154,7 @@ def _parse_endpoint(endpoint):
         raise GGMLError(f"RPC: failed to parse endpoint '{endpoint}' (want host:port)")
     return host, int(port)
 
-
+# %% book/10_rpc.ipynb #rpc-connection2
 class _Connection:
     """One TCP socket to one server, shared by the buffers of that endpoint and by whoever is
     sending a command; it closes when the last of them lets go (ggml's get_socket keeps weak
@@ -224,7 +224,7 @@ class _Connection:
         self.alive = False
         self.sock.close()
 
-
+# %% book/10_rpc.ipynb #rpc-get-socket
 _SOCKETS = weakref.WeakValueDictionary()    # endpoint -> _Connection, while anyone holds it
 _SOCKETS_LOCK = threading.Lock()
 _TRAFFIC = {}                               # endpoint -> bytes and commands so far
@@ -347,7 +347,7 @@ class _RPCBuffer(BackendBuffer):
     def clear(self, value):
         self.conn.call(RpcCmd.BUFFER_CLEAR, _CLEAR_REQ.pack(self.remote_ptr, value), 0)
 
-
+# %% book/10_rpc.ipynb #rpc-client-buft
 class _RPCBufferType(BackendBufferType):
     """ggml_backend_rpc_buffer_type: "RPC<device>[host:port]"; alignment and max size asked once."""
 
@@ -410,7 +410,7 @@ class _RPCBackend(Backend):
             conn.call(RpcCmd.GRAPH_COMPUTE, rpc_serialize_graph(self.index, cgraph))
         return Status.SUCCESS
 
-
+# %% book/10_rpc.ipynb #rpc-client-dev
 class _RPCDevice(BackendDevice):
     """One device of one server: "RPC<n>" (n counts every RPC device of the process)."""
 
@@ -448,7 +448,7 @@ class _RPCDevice(BackendDevice):
         return (isinstance(buft, _RPCBufferType) and buft.endpoint == self.endpoint
                 and buft.index == self.index)
 
-
+# %% book/10_rpc.ipynb #rpc-client-regs
 class _RPCServerReg(BackendReg):
     """The reg of one server, "RPC[host:port]", with its devices (ggml_backend_rpc_add_server)."""
 
@@ -533,7 +533,7 @@ def backend_is_rpc(backend):
     """ggml_backend_is_rpc"""
     return backend is not None and guid_matches(backend.guid, _RPC_GUID)
 
-
+# %% book/10_rpc.ipynb #rpc-client-api2
 def backend_rpc_buffer_type(endpoint, device=0):
     """ggml_backend_rpc_buffer_type: the buffer type "RPC<device>[endpoint]" (one object per name)."""
     endpoint, device = str(endpoint), int(device)
@@ -648,7 +648,7 @@ _REBUILD = {
     Op.GLU: _rebuild_glu,
 }
 
-
+# %% book/10_rpc.ipynb #rpc-server-check-node
 def _check_node(i, node, backend):
     """Everything the server asks of a node before any kernel runs."""
     what = f"graph node {i} '{node.name}' ({Op(node.op).name})"
@@ -679,16 +679,12 @@ def _check_node(i, node, backend):
         raise _Refused(f"{what}: the server's {backend.get_name()} backend cannot compute it")
 
 # %% book/10_rpc.ipynb #rpc-server-tensors
-class _ServerSession:
-    """rpc_server: one client's connection, with the buffers it allocated (freed when it leaves)."""
+class _ServerIO:
+    """The bytes of one connection: exact reads (a vanished client is _ClientGone) and replies."""
 
-    def __init__(self, backends, cache_dir, sock, deadline=None):
-        self.backends, self.cache_dir, self.sock, self.deadline = backends, cache_dir, sock, deadline
-        self.buffers = {}                   # handle -> BackendBuffer
-        self.next_handle = 0x1000
-        self.stored = [None] * len(backends)   # per device: (ctx, graph, handles) of the last graph
+    def __init__(self, sock, deadline=None):
+        self.sock, self.deadline = sock, deadline
 
-    # --- bytes in and out ---------------------------------------------------------------------
     def recv_into(self, view):
         got = 0
         while got < len(view):
@@ -714,7 +710,17 @@ class _ServerSession:
         for p in parts:
             self.sock.sendall(memoryview(p).cast("B"))
 
-    # --- ids and tensors ------------------------------------------------------------------------
+# %% book/10_rpc.ipynb #rpc-server-session
+class _ServerSession(_ServerIO):
+    """rpc_server: one client's connection, with the buffers it allocated (freed when it leaves)."""
+
+    def __init__(self, backends, cache_dir, sock, deadline=None):
+        super().__init__(sock, deadline)
+        self.backends, self.cache_dir = backends, cache_dir
+        self.buffers = {}                   # handle -> BackendBuffer
+        self.next_handle = 0x1000
+        self.stored = [None] * len(backends)   # per device: (ctx, graph, handles) of the last graph
+
     def device(self, dev, what):
         if dev >= len(self.backends):
             raise _Refused(f"{what}: device {dev} out of range ({len(self.backends)} devices)")
@@ -763,8 +769,8 @@ def _small_ctx(n=2 + MAX_SRC):
     return init(n * tensor_overhead(), no_alloc=True)
 
 
-class _ServerCommands(_ServerSession):
-    """The commands of rpc_serve_client, one method each, named after the command."""
+class _ServerBuffers(_ServerSession):
+    """The commands about devices and buffers, one method each, named after the command."""
 
     def DEVICE_COUNT(self, size):
         self.reply(_U32.pack(len(self.backends)))
@@ -806,6 +812,14 @@ class _ServerCommands(_ServerSession):
         backend_buffer_clear(self.buffer(handle, "buffer_clear"), value)
         self.reply()
 
+    def GET_DEVICE_MEMORY(self, size):
+        backend = self.device(_U32.unpack(self.recv(size))[0], "get_device_memory")
+        self.reply(_PAIR.pack(*backend_dev_memory(backend.device)))
+
+# %% book/10_rpc.ipynb #rpc-server-data
+class _ServerCommands(_ServerBuffers):
+    """The commands that write tensors."""
+
     def SET_TENSOR(self, size):
         head = RPC_TENSOR_SIZE + 8                   # | rpc_tensor | offset | data |
         if size < head:
@@ -842,6 +856,10 @@ class _ServerCommands(_ServerSession):
         t.buffer.set_tensor(t, data, offset, n)
         self.reply(_B.pack(1))
 
+# %% book/10_rpc.ipynb #rpc-server-reads
+class _ServerReads(_ServerCommands):
+    """The commands that read tensors or ask about them."""
+
     def INIT_TENSOR(self, size):
         ctx = _small_ctx()
         t = self.tensor(ctx, RpcTensor.unpack(self.recv(size)), "init_tensor")
@@ -871,10 +889,6 @@ class _ServerCommands(_ServerSession):
             raise _Refused(f"copy_tensor: out-of-bounds write: [0x{dst.data:x}, 0x{dst.data + n:x}] "
                            f"past the buffer's end 0x{end:x}")
         self.reply(_B.pack(bool(dst.buffer.cpy_tensor(src, dst))))
-
-    def GET_DEVICE_MEMORY(self, size):
-        backend = self.device(_U32.unpack(self.recv(size))[0], "get_device_memory")
-        self.reply(_PAIR.pack(*backend_dev_memory(backend.device)))
 
     def GET_ALLOC_SIZE(self, size):
         raw, ctx = self.recv(size), _small_ctx()
@@ -913,39 +927,48 @@ def _find_cycle(tensors):
     return None
 
 
-class _Server(_ServerCommands):
+def _graph_records(raw):
+    """serialize_graph's message taken apart: (device, node ids, {id: RpcTensor} of what the nodes
+    reach), every count checked against the message's length before it is used."""
+    size = len(raw)
+    if size < 8:
+        raise _Refused(f"graph_compute: {size} bytes, shorter than device + n_nodes")
+    dev, n_nodes = struct.unpack_from("<II", raw)
+    if size < 12 + 8 * n_nodes:
+        raise _Refused(f"graph_compute: {n_nodes} nodes do not fit in {size} bytes")
+    node_ids = struct.unpack_from(f"<{n_nodes}Q", raw, 8)
+    n_tensors = _U32.unpack_from(raw, 8 + 8 * n_nodes)[0]
+    first = 12 + 8 * n_nodes
+    if size < first + n_tensors * RPC_TENSOR_SIZE:
+        raise _Refused(f"graph_compute: {n_tensors} tensors do not fit in {size} bytes")
+    where = {}
+    for k in range(n_tensors):                      # id -> its record (the first one wins)
+        where.setdefault(_U64.unpack_from(raw, first + k * RPC_TENSOR_SIZE)[0], first + k * RPC_TENSOR_SIZE)
+    records, todo = {}, []
+    for i, nid in enumerate(node_ids):
+        if nid == 0:
+            raise _Refused(f"graph_compute: node {i} has id 0 (a NULL node)")
+        todo.append(nid)
+    while todo:                                     # only what the nodes reach, as create_node
+        tid = todo.pop()
+        if tid in records:
+            continue
+        if tid not in where:
+            raise _Refused(f"graph_compute: tensor id 0x{tid:x} is used but not among the {n_tensors} records")
+        rec = records[tid] = RpcTensor.unpack(raw, where[tid])
+        todo += [s for s in rec.src + (rec.view_src,) if s]
+    return dev, node_ids, records
+
+# %% book/10_rpc.ipynb #rpc-server-graph2
+class _Server(_ServerReads):
+    """Every command of rpc_serve_client: these two, and those of the classes above."""
+
     def GRAPH_COMPUTE(self, size):
         if size > MAX_GRAPH_MESSAGE:
             raise _Refused(f"graph_compute: {size} bytes, more than this server takes ({MAX_GRAPH_MESSAGE})")
-        raw = self.recv(size)
-        if size < 8:
-            raise _Refused(f"graph_compute: {size} bytes, shorter than device + n_nodes")
-        dev, n_nodes = struct.unpack_from("<II", raw)
+        dev, node_ids, records = _graph_records(self.recv(size))
         backend = self.device(dev, "graph_compute")
-        if size < 12 + 8 * n_nodes:
-            raise _Refused(f"graph_compute: {n_nodes} nodes do not fit in {size} bytes")
-        node_ids = struct.unpack_from(f"<{n_nodes}Q", raw, 8)
-        n_tensors = _U32.unpack_from(raw, 8 + 8 * n_nodes)[0]
-        first = 12 + 8 * n_nodes
-        if size < first + n_tensors * RPC_TENSOR_SIZE:
-            raise _Refused(f"graph_compute: {n_tensors} tensors do not fit in {size} bytes")
-        where = {}
-        for k in range(n_tensors):                      # id -> its record (the first one wins)
-            where.setdefault(_U64.unpack_from(raw, first + k * RPC_TENSOR_SIZE)[0], first + k * RPC_TENSOR_SIZE)
-        records, todo = {}, []
-        for i, nid in enumerate(node_ids):
-            if nid == 0:
-                raise _Refused(f"graph_compute: node {i} has id 0 (a NULL node)")
-            todo.append(nid)
-        while todo:                                     # only what the nodes reach, as create_node
-            tid = todo.pop()
-            if tid in records:
-                continue
-            if tid not in where:
-                raise _Refused(f"graph_compute: tensor id 0x{tid:x} is used but not among the {n_tensors} records")
-            rec = records[tid] = RpcTensor.unpack(raw, where[tid])
-            todo += [s for s in rec.src + (rec.view_src,) if s]
-        ctx = init(tensor_overhead() * (len(records) + 1) + graph_overhead_custom(n_nodes), no_alloc=True)
+        ctx = init(tensor_overhead() * (len(records) + 1) + graph_overhead_custom(len(node_ids)), no_alloc=True)
         ts = {tid: self.tensor(ctx, rec, f"graph_compute: tensor 0x{tid:x}") for tid, rec in records.items()}
         for tid, t in ts.items():
             rec = records[tid]
@@ -954,7 +977,7 @@ class _Server(_ServerCommands):
         bad = _find_cycle(ts)
         if bad is not None:
             raise _Refused(f"graph_compute: the graph has a cycle through tensor '{bad.name}'")
-        graph = new_graph_custom(ctx, n_nodes)
+        graph = new_graph_custom(ctx, len(node_ids))
         for nid in node_ids:
             graph_add_node(graph, ts[nid])
         for i, node in enumerate(graph.nodes):
