@@ -613,3 +613,18 @@ def test_scheduler_over_rpc_and_cpu_matches_real_ggml(sched_server, name):
     ggml.backend_sched_free(sched)
     del s, sched, backends, rpc
     gc.collect()                          # the weights' buffers go, and with them the connection
+
+
+def test_the_command_line_warns_off_loopback():
+    """rpc-server's warning when the server is bound to anything but 127.0.0.1; its banner."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "ggml_lite.backends.rpc", "--host", "0.0.0.0", "--port", "0",
+                          "--lifetime", "0.2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "WARNING: Host ('0.0.0.0') is != '127.0.0.1'" in out.stderr
+    assert "Never expose the RPC server to an open network!" in out.stderr
+    assert out.stdout.startswith("Starting RPC server v4.0.1\n  endpoint       : 0.0.0.0:")
+    assert "local cache    : n/a" in out.stdout and "  transport      : TCP" in out.stdout
+    quiet = subprocess.run([sys.executable, "-m", "ggml_lite.backends.rpc", "--port", "0", "--lifetime", "0.2"],
+                           capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "WARNING" not in quiet.stderr
