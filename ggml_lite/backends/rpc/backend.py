@@ -966,8 +966,12 @@ class _Server(_ServerReads):
     def GRAPH_COMPUTE(self, size):
         if size > MAX_GRAPH_MESSAGE:
             raise _Refused(f"graph_compute: {size} bytes, more than this server takes ({MAX_GRAPH_MESSAGE})")
-        dev, node_ids, records = _graph_records(self.recv(size))
+        raw = self.recv(size)
+        dev, node_ids, records = _graph_records(raw)
         backend = self.device(dev, "graph_compute")
+        last = self.stored[dev]
+        if last is not None and last[3] == raw:      # the same bytes: the graph already checked
+            return self.compute(backend, last[1], "graph_compute")
         ctx = init(tensor_overhead() * (len(records) + 1) + graph_overhead_custom(len(node_ids)), no_alloc=True)
         ts = {tid: self.tensor(ctx, rec, f"graph_compute: tensor 0x{tid:x}") for tid, rec in records.items()}
         for tid, t in ts.items():
@@ -985,7 +989,7 @@ class _Server(_ServerReads):
         handles = {r.buffer for r in records.values() if r.buffer}
         self.stored[dev] = None
         self.compute(backend, graph, "graph_compute")
-        self.stored[dev] = (ctx, graph, handles)
+        self.stored[dev] = (ctx, graph, handles, raw)
 
     def GRAPH_RECOMPUTE(self, size):
         dev = _U32.unpack(self.recv(size))[0]
