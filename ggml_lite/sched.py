@@ -21,7 +21,7 @@ from ggml_lite.backend import (BackendBufferUsage, BackendDevType, backend_buffe
                                backend_offload_op, backend_supports_buft, backend_supports_op,
                                backend_synchronize, backend_tensor_copy)
 from ggml_lite.core import GGMLError, Status
-from ggml_lite.graph import CGraph, graph_overhead_custom, graph_view, hash_size
+from ggml_lite.graph import CGraph, graph_next_uid, graph_overhead_custom, graph_view, hash_size
 from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_desc, op_name
 from ggml_lite.tensor import (TENSOR_SIZE, TensorFlag, dup_tensor, format_name, free, init,
@@ -469,6 +469,7 @@ def backend_sched_split_graph(sched, graph):
     free(sched.ctx)
     sched.ctx = init(sched.context_buffer_size, sched.context_buffer, True)
     sched.last_copies = {}
+    graph.uid = graph_next_uid()
     try:
         _pass1_preassign(sched, graph)
         _pass2_expand(sched, graph)
@@ -478,6 +479,8 @@ def backend_sched_split_graph(sched, graph):
         if sched.debug:
             _log.debug("%s", _assignments_text(sched, graph, sched.debug, False))
         _build_graph_copy(sched, graph)
+        for split in sched.splits:          # a fresh id per split graph, as ggml 0.15.3 sets them
+            split.graph.uid = graph_next_uid()
     except GGMLError:
         sched.splits, sched.is_alloc = [], False
         raise

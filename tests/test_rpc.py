@@ -617,6 +617,32 @@ def test_scheduler_over_rpc_and_cpu_matches_real_ggml(sched_server, name):
     gc.collect()                          # the weights' buffers go, and with them the connection
 
 
+@pytest.mark.skipif(not RPC_SCHED, reason="the scheduler chapter is not here")
+def test_scheduler_split_uids_let_the_client_recompute(sched_server):
+    """ggml 0.15.3's split_graph stamps every split's graph with ggml_graph_next_uid(): computing
+    the same allocated graph again sends GRAPH_RECOMPUTE (the device id only) for the RPC split;
+    a fresh split gives fresh uids and a full GRAPH_COMPUTE."""
+    name = next(n for n in RPC_SCHED if SCHED_REF["scenarios"][n]["n_splits"] == 2)
+    rpc = ggml.backend_rpc_init(sched_server.endpoint, 0)
+    s, sched, backends = TS._setup(sched_scenarios.SCENARIOS[name], extra={"RPC": rpc})
+    gf = s["gf"]
+    assert ggml.backend_sched_alloc_graph(sched, gf)
+    uids = [sp.graph.uid for sp in sched.splits]
+    assert gf.uid > 0 and all(u > gf.uid for u in uids) and len(set(uids)) == len(uids)
+    TS._fill_inputs(s)
+    cmds = lambda: ggml.rpc_wire_stats(sched_server.endpoint)["commands"]
+    full0, re0 = cmds().get("GRAPH_COMPUTE", 0), cmds().get("GRAPH_RECOMPUTE", 0)
+    assert ggml.backend_sched_graph_compute(sched, gf) == ggml.Status.SUCCESS
+    first = ggml.backend_tensor_get(s["out"]).copy()
+    TS._fill_inputs(s)                    # gallocr may have reused the inputs' memory: set them again
+    assert ggml.backend_sched_graph_compute(sched, gf) == ggml.Status.SUCCESS
+    assert (cmds().get("GRAPH_COMPUTE", 0), cmds().get("GRAPH_RECOMPUTE", 0)) == (full0 + 1, re0 + 1)
+    assert np.array_equal(ggml.backend_tensor_get(s["out"]), first)
+    ggml.backend_sched_free(sched)
+    del s, sched, backends, rpc
+    gc.collect()
+
+
 def test_the_command_line_warns_off_loopback():
     """rpc-server's warning when the server is bound to anything but 127.0.0.1; its banner."""
     import subprocess
