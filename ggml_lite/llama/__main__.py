@@ -3,7 +3,7 @@
 
 __all__ = []
 
-# %% book/12_llama.ipynb #llama-41
+# %% book/12_llama.ipynb #llama-cli-backends
 import codecs
 import sys
 
@@ -44,7 +44,7 @@ def _print_timings(m, file):
           file=file)
     print(f"llama_perf_context_print: {'graph splits':>16} = {m.n_splits}", file=file)
 
-# %% book/12_llama.ipynb #llama-42
+# %% book/12_llama.ipynb #llama-cli-main
 def _parse_args(argv):
     import argparse
     ap = argparse.ArgumentParser(prog="python -m ggml_lite.llama", description="Generate text with a llama GGUF model.")
@@ -88,5 +88,5 @@ def _main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and __package__ == "ggml_lite.llama":   # python -m ggml_lite.llama, not the notebook
     sys.exit(_main())
