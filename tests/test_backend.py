@@ -805,13 +805,89 @@ def test_blas_claims_exactly_what_it_computes(label, build):
     assert nmse(ggml.backend_tensor_get(node)[0, 0], ref) < 1e-10
 
 
-def test_blas_refuses_non_host_operands():
+def test_blas_rule_ignores_where_operands_live():
+    """ggml's BLAS supports_op does not look at buffers; supports_buft keeps device memory away."""
     ctx = nctx()
     a = ggml.new_tensor_2d(ctx, Type.F32, 64, 64)
     x = ggml.new_tensor_2d(ctx, Type.F32, 64, 64)
     c = ggml.mul_mat(ctx, a, x)
     ggml.backend_alloc_ctx_tensors_from_buft(ctx, DeviceBufferType())
-    assert not ggml.backend_dev_supports_op(ggml.backend_blas_reg().get_device(0), c)
+    dev = ggml.backend_blas_reg().get_device(0)
+    assert ggml.backend_dev_supports_op(dev, c)
+    assert not ggml.backend_dev_supports_buft(dev, DeviceBufferType())
+
+
+BLAS_REF = json.loads((Path(__file__).parent / "data" / "blas_ref.json").read_text())
+import blas_ref  # noqa: E402
+
+
+def out_prod(ctx, a, b):
+    """An OUT_PROD node as ggml_out_prod makes it (ggml_lite has no constructor for it)."""
+    assert a.ne[1] == b.ne[1] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+    t = ggml.new_tensor_4d(ctx, Type.F32, a.ne[0], b.ne[0], b.ne[2], b.ne[3])
+    t.op, t.src[0], t.src[1] = Op.OUT_PROD, a, b
+    return t
+
+
+@pytest.mark.parametrize("ref", BLAS_REF["cases"], ids=[c["id"] for c in BLAS_REF["cases"]])
+def test_blas_supports_op_equals_ggml_blas(ref):
+    """ggml 0.15.3's BLAS device (tests/ggml_ref/blas_ref.py) and ggml_lite's on the same node."""
+    ctx, node = blas_ref.build(LiteApi(), ref["case"], out_prod)
+    assert ggml.backend_dev_supports_op(ggml.backend_blas_reg().get_device(0), node) == ref["supports_op"]
+
+
+def test_blas_fixture_covers_both_answers_at_each_boundary():
+    got = {c["id"]: c["supports_op"] for c in BLAS_REF["cases"]}
+    base = "MUL_MAT-F32[{},{},1,1]conti-F32[{},{},1,1]conti"
+    for K, M, N in ((64, 64, 31), (64, 31, 64), (31, 64, 64)):      # one size under 32: no
+        assert got[base.format(K, M, K, N)] is False
+    for K, M, N in ((32, 32, 32), (33, 64, 33), (64, 64, 64)):
+        assert got[base.format(K, M, K, N)] is True
+    assert any(v for k, v in got.items() if k.startswith("OUT_PROD"))
+    assert any(not v for k, v in got.items() if k.startswith("OUT_PROD"))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_blas_out_prod_matches_numpy(transposed):
+    ctx = nctx()
+    a = ggml.new_tensor_2d(ctx, Type.F32, 24, 40)                    # (k=40 rows of n=24)
+    b = (ggml.transpose(ctx, ggml.new_tensor_2d(ctx, Type.F32, 40, 16)) if transposed
+         else ggml.new_tensor_2d(ctx, Type.F32, 16, 40))            # (k=40 rows of m=16)
+    c = out_prod(ctx, a, b)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, c)
+    ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type())
+    rng = np.random.default_rng(5)
+    src_b = b.view_src if transposed else b
+    ggml.backend_tensor_set(a, rng.uniform(-1, 1, (40, 24)).astype(np.float32))
+    ggml.backend_tensor_set(src_b, rng.uniform(-1, 1, ggml.backend_tensor_get(src_b).shape).astype(np.float32))
+    be = ggml.backend_blas_init()
+    assert ggml.backend_supports_op(be, c)
+    assert ggml.backend_graph_compute(be, gf) == ggml.Status.SUCCESS
+    A = ggml.backend_tensor_get(a)[0, 0].astype(np.float64)
+    B = b.numpy()[0, 0].astype(np.float64)                          # (k, m) through b's strides
+    ref = np.einsum("km,kn->mn", B, A)
+    assert nmse(ggml.backend_tensor_get(c)[0, 0], ref) < 1e-10
+
+
+def test_blas_refuses_before_computing_anything():
+    """A graph with a claimed product first and an unclaimed one after: nothing is written."""
+    ctx = nctx()
+    W = ggml.new_tensor_2d(ctx, Type.F32, 64, 64)
+    x = ggml.new_tensor_2d(ctx, Type.F32, 64, 64)
+    big = ggml.mul_mat(ctx, W, x)
+    small = ggml.mul_mat(ctx, ggml.new_tensor_2d(ctx, Type.F32, 64, 64), ggml.new_tensor_2d(ctx, Type.F32, 64, 1))
+    ggml.set_name(small, "matvec")
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, big)
+    ggml.build_forward_expand(gf, small)
+    ggml.backend_alloc_ctx_tensors_from_buft(ctx, ggml.backend_cpu_buffer_type())
+    ggml.backend_tensor_set(W, np.ones((64, 64), np.float32))
+    ggml.backend_tensor_set(x, np.ones((64, 64), np.float32))
+    ggml.backend_tensor_memset(big, 0xAB)
+    with pytest.raises(GGMLError, match=r"'matvec' \(MUL_MAT, f32 ne=\[64, 1, 1, 1\]"):
+        ggml.backend_graph_compute(ggml.backend_blas_init(), gf)
+    assert (ggml.backend_tensor_get(big).view(np.uint8) == 0xAB).all()
 
 
 def test_blas_device_reg_and_guid():

@@ -11,12 +11,12 @@ from ggml_lite.backend import (Backend, BackendDevCaps, BackendDevice, BackendDe
                                backend_cpu_buffer_type, guid_matches)
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import Op, op_desc
-from ggml_lite.tensor import is_contiguous, is_empty
-from ggml_lite.types import Type, dequantize_rows, get_type_traits, row_size
+from ggml_lite.tensor import TensorFlag, is_contiguous, is_matrix, is_transposed
+from ggml_lite.types import Type, dequantize_rows, get_type_traits, row_size, type_name
 
 _BLAS_GUID = bytes([0x12, 0xa8, 0xae, 0xf4, 0xc0, 0x1e, 0x61, 0x97,
                     0x8f, 0xeb, 0x33, 0x04, 0xa1, 0x33, 0x51, 0x2d])
-_MIN_BATCH = 32                     # ggml-blas.cpp: BLAS only for results of >= 32x32 elements
+_MIN_BATCH = 32                     # ggml-blas.cpp: "BLAS usually is only faster for large matrices"
 _NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
 
 # %% book/07_backend.ipynb #blas-mul-mat
@@ -46,22 +46,36 @@ def _mul_mat(dst, cache):
     dst.numpy()[...] = out.reshape(ne13, ne12, ne11, ne01)
 
 
+def _out_prod(dst):
+    """dst[m, n] = Σ_k src1[k, m]·src0[k, n] (ggml_out_prod of two matrices; src1 may be a transpose)."""
+    a, b = dst.src[0].numpy()[0, 0], dst.src[1].numpy()[0, 0]    # (k, n), (k, m): views, strides kept
+    dst.numpy()[0, 0][...] = b.T @ a
+
+
+def _has_to_float(t):
+    """ggml's `ggml_get_type_traits(t)->to_float != NULL`. ggml gives Q8_1 and Q8_K none (they
+    exist only as vec_dot types, ggml.c); the types chapter has dequantizers for them, so they
+    are named here."""
+    return get_type_traits(t).to_float is not None and t not in (Type.Q8_1, Type.Q8_K)
+
+
 def _blas_supports_op(op):
+    """ggml_backend_blas_device_supports_op (ggml-blas.cpp, 0.15.3), condition for condition."""
+    src0, src1 = op.src[0], op.src[1]
     if op.op in _NO_COMPUTE:
         return True
-    if op.op != Op.MUL_MAT:
-        return False
-    if any(s is not None and s.buffer is not None and not backend_buft_is_host(s.buffer.buft)
-           for s in op.src):
-        return False
-    src0, src1 = op.src[0], op.src[1]
-    return (is_contiguous(src0) and is_contiguous(src1) and src1.type == Type.F32
-            and op.type == Type.F32 and op.ne[0] * op.ne[1] >= _MIN_BATCH * _MIN_BATCH
-            and (src0.type == Type.F32 or get_type_traits(src0.type).to_float is not None))
+    if op.op == Op.MUL_MAT:
+        return (is_contiguous(src0) and is_contiguous(src1) and src1.type == Type.F32
+                and op.ne[0] >= _MIN_BATCH and op.ne[1] >= _MIN_BATCH and src1.ne[0] >= _MIN_BATCH
+                and (src0.type == Type.F32 or _has_to_float(src0.type)))
+    if op.op == Op.OUT_PROD:
+        return (src0.type == Type.F32 and src1.type == Type.F32 and is_matrix(src0) and is_matrix(src1)
+                and is_contiguous(src0) and (is_contiguous(src1) or is_transposed(src1)))
+    return False
 
 # %% book/07_backend.ipynb #blas-backend
 class _BLASBackend(Backend):
-    """The BLAS stream: computes MUL_MAT nodes with numpy's BLAS, synchronously."""
+    """The BLAS stream: computes MUL_MAT and OUT_PROD nodes with numpy's BLAS, synchronously."""
 
     def __init__(self, device):
         super().__init__(_BLAS_GUID, device)
@@ -71,14 +85,19 @@ class _BLASBackend(Backend):
         return "BLAS"
 
     def graph_compute(self, cgraph):
-        cache = {}                  # converted weights, for this graph only
-        for node in cgraph.nodes:
-            if node.op in _NO_COMPUTE or is_empty(node):
-                continue
-            if not _blas_supports_op(node):      # computes exactly what it claims
+        nodes = [n for n in cgraph.nodes if n.flags & TensorFlag.COMPUTE and n.op not in _NO_COMPUTE]
+        for node in nodes:                  # all checked before any is computed
+            if not _blas_supports_op(node):
+                srcs = ", ".join(f"src{i} {type_name(s.type)} ne={s.ne} nb={s.nb}"
+                                 for i, s in enumerate(node.src[:2]) if s is not None)
                 raise GGMLError(f"BLAS graph_compute: unsupported node '{node.name}' ({op_desc(node)}, "
-                                f"ne={node.ne}); backend_supports_op says so")
-            _mul_mat(node, cache)
+                                f"{type_name(node.type)} ne={node.ne}; {srcs}): backend_supports_op says no")
+        cache = {}                          # converted weights, for this graph only
+        for node in nodes:
+            if node.op == Op.MUL_MAT:
+                _mul_mat(node, cache)
+            else:
+                _out_prod(node)
         return Status.SUCCESS
 
 
