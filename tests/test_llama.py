@@ -264,3 +264,12 @@ def test_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ggml_lite.llama", str(DATA / "llama_vocab_spm.gguf")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "error: llama: missing tensor 'token_embd.weight'" in bad.stderr
+
+
+def test_other_tokenizer_loads_for_token_ids(tmp_path):
+    path = rewrite(tmp_path / "bpe.gguf", set_keys={"tokenizer.ggml.model": ("gpt2", gguf.GGUFValueType.STRING)})
+    m = llama.load(path, n_ctx=32, progress=False, n_threads=1)
+    tokens = META["models"]["f32"]["prompt_tokens"]
+    assert nmse(m.eval(tokens)[-1], REF["f32_prompt"][-1]) <= 1e-6
+    with pytest.raises(GGMLError, match="the tokenizer of this file is 'gpt2'"):
+        m.tokenize("hello")

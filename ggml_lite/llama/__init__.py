@@ -745,10 +745,16 @@ class LlamaModel:
         return self.kv.n_ctx
 
     def tokenize(self, text, add_bos=True, parse_special=False):
-        return self.vocab.tokenize(text, add_bos, parse_special)
+        return self._vocab().tokenize(text, add_bos, parse_special)
 
     def detokenize(self, tokens):
-        return self.vocab.detokenize(tokens)
+        return self._vocab().detokenize(tokens)
+
+    def _vocab(self):
+        if self.vocab is None:
+            raise GGMLError(f"llama: the tokenizer of this file is '{self.tokenizer_model}'; only SPM ('llama') "
+                            f"is implemented here: pass token ids to eval and generate")
+        return self.vocab
 
     def eval(self, tokens, n_past=0, logits_all=True):
         """Logits [len(tokens), n_vocab] (float32) of tokens at positions n_past.. (the cache holds the
@@ -812,7 +818,7 @@ def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, s
         out.append(tok)
         if on_token is not None:
             on_token(tok)
-        if (stop_at_eos and tok == m.vocab.eos) or i == n_predict - 1:
+        if (stop_at_eos and tok == m.eos) or i == n_predict - 1:
             break
         t0 = time.perf_counter()
         logits = m.eval([tok], len(tokens) + len(out) - 1, logits_all=False)[-1]
@@ -829,7 +835,8 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     t0 = time.perf_counter()
     reader = _open(path)
     hp = _read_hparams(reader)
-    vocab = _read_vocab(reader, hp.n_vocab)
+    tokenizer = _field(reader, "tokenizer.ggml.model", _STR)
+    vocab = _read_vocab(reader, hp.n_vocab) if tokenizer == "llama" else None    # BPE etc.: ids only
     n_ctx, n_batch = _positive("n_ctx", n_ctx), _positive("n_batch", n_batch)
     n_batch = min(n_batch, n_ctx)
     if Type(type_k) not in (Type.F32, Type.F16) or Type(type_v) not in (Type.F32, Type.F16):
@@ -848,6 +855,8 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
         backend_tensor_set(weights[name], np.ascontiguousarray(records[name].data).reshape(-1).view(np.uint8))
     kv = _KVCache(hp, n_ctx, Type(type_k), Type(type_v), layers)
     m = LlamaModel(hp, vocab, weights, layers, backends, kv, runner, n_batch, owned + kv.owned)
+    m.tokenizer_model = tokenizer
+    m.eos = vocab.eos if vocab else _field(reader, "tokenizer.ggml.eos_token_id", _INT, False, None)
     m.timings["t_load_ms"] = 1e3 * (time.perf_counter() - t0)
     return m
 
