@@ -13,18 +13,17 @@ import numpy as np
 
 from ggml_lite.alloc import gallocr_alloc_graph, gallocr_get_buffer_size, gallocr_new, gallocr_reserve
 from ggml_lite.backend import (BackendBufferUsage, backend_alloc_ctx_tensors_from_buft, backend_buffer_clear,
-                               backend_buffer_free,
-                               backend_buffer_get_size, backend_buffer_set_usage, backend_cpu_buffer_type,
-                               backend_free, backend_get_default_buffer_type, backend_graph_compute,
-                               backend_init_by_name, backend_name, backend_tensor_get, backend_tensor_set)
+                               backend_buffer_free, backend_buffer_get_size, backend_buffer_set_usage,
+                               backend_get_default_buffer_type, backend_graph_compute, backend_name,
+                               backend_tensor_get, backend_tensor_set)
 from ggml_lite.backends.cpu.backend import backend_cpu_init, backend_cpu_set_n_threads, backend_is_cpu
 from ggml_lite.core import GGMLError, Status
-from ggml_lite.graph import build_forward_expand, graph_n_nodes, graph_overhead_custom, new_graph_custom
+from ggml_lite.graph import build_forward_expand, graph_overhead_custom, new_graph_custom
 from ggml_lite.ops import (Prec, add, cont_2d, cpy, get_rows, mul, mul_mat, mul_mat_set_prec, rms_norm,
                            rope_ext, soft_max_ext, swiglu_split)
-from ggml_lite.tensor import (init, new_tensor_1d, new_tensor_2d, permute, reshape_3d, set_input, set_name,
-                              set_output, tensor_overhead, transpose, view_1d, view_2d, view_3d, reshape_2d)
-from ggml_lite.types import Type, row_size, type_name, type_size, blck_size
+from ggml_lite.tensor import (init, new_tensor_1d, new_tensor_2d, permute, reshape_2d, reshape_3d, set_input,
+                              set_name, set_output, tensor_overhead, transpose, view_1d, view_2d, view_3d)
+from ggml_lite.types import Type, blck_size, row_size, type_name, type_size
 
 # %% book/12_llama.ipynb #llama-hparams
 @dataclass(frozen=True)
@@ -352,7 +351,6 @@ def _read_vocab(reader, n_vocab):
 # %% book/12_llama.ipynb #llama-load-vocab
 def load_vocab(path):
     """The vocabulary of a GGUF file alone (llama.cpp's vocab_only), e.g. ggml-vocab-llama-spm.gguf."""
-    import gguf
     reader = _open(path)
     tokens = _array(reader, "tokenizer.ggml.tokens", _STR, None)
     if tokens is None:
