@@ -95,12 +95,12 @@ def test_decode_step_allocates_nothing(monkeypatch):
                         lambda *a: calls.append(a) or real_alloc(*a))
     real_reserve = galloc_module.gallocr_reserve
     monkeypatch.setattr(galloc_module, "gallocr_reserve", lambda *a: calls.append(a) or real_reserve(*a))
-    buffers = list(m.runner.galloc.buffers)
+    buffers = m.runner.buffers()
     size = m.runner.compute_buffer_sizes()
     for i in range(4):
         m.eval([7 + i], n_past=len(tokens) + 1 + i)
     assert calls == []
-    assert all(a is b for a, b in zip(buffers, m.runner.galloc.buffers))
+    assert all(a is b for a, b in zip(buffers, m.runner.buffers()))
     assert m.runner.compute_buffer_sizes() == size
 
 
@@ -273,3 +273,45 @@ def test_other_tokenizer_loads_for_token_ids(tmp_path):
     assert nmse(m.eval(tokens)[-1], REF["f32_prompt"][-1]) <= 1e-6
     with pytest.raises(GGMLError, match="the tokenizer of this file is 'gpt2'"):
         m.tokenize("hello")
+
+
+def test_node_order_keeps_qkv_together():
+    """llama.cpp expands Q, V, K into the graph before anything that reads them, then the cache
+    writes, then attention: the three projections are neighbours in node order."""
+    m = model("f32")
+    g = llama.build_graph(m, 3, 0, 32, 3)
+    names = [n.name for n in g.gf.nodes]
+    q, v, k = names.index("Qcur-0"), names.index("Vcur-0"), names.index("Kcur-0")
+    assert q < v < k < names.index("k_store-0") < names.index("v_store-0") < names.index("kq-0")
+    between = names[q:k + 1]
+    assert not any(x.startswith(("kq", "attn_out", "ffn")) for x in between), between
+
+
+# --- through the scheduler: BLAS + CPU (and RPC + CPU when ggml_lite has an RPC backend) -------
+
+def _blas():
+    from ggml_lite.backend import backend_init_by_name, backend_load_all
+    backend_load_all()
+    b = backend_init_by_name("BLAS")
+    if b is None:
+        pytest.skip("no BLAS backend registered")
+    return b
+
+
+@pytest.mark.parametrize("name", ["f32", "q8_0", "q4_k"])
+def test_blas_and_cpu_through_the_scheduler(name):
+    pytest.importorskip("ggml_lite.sched")
+    from ggml_lite.backends.cpu.backend import backend_cpu_init
+    long_prompt = list(range(3, 43))                            # 40 tokens: BLAS takes the big mul_mats
+    cpu = llama.load(DATA / f"llama_{name}.gguf", n_ctx=64, n_threads=1, progress=False)
+    both = llama.load(DATA / f"llama_{name}.gguf", n_ctx=64, n_threads=1, progress=False,
+                      backends=[_blas(), backend_cpu_init()])
+    a, b = cpu.eval(long_prompt), both.eval(long_prompt)
+    assert cpu.n_splits == 1 and both.n_splits > 1              # CPU and BLAS nodes alternate
+    assert max(nmse(b[i], a[i]) for i in range(len(long_prompt))) <= LIMIT[name]
+    step_a, step_b = cpu.eval([5], n_past=40), both.eval([5], n_past=40)
+    assert both.n_splits == 1                                   # a matrix-vector product never goes to BLAS
+    assert nmse(step_b[0], step_a[0]) <= LIMIT[name]
+    info = META["models"][name]                                 # and llama.cpp's prompt through the scheduler
+    got = both.eval(info["prompt_tokens"])
+    assert max(nmse(got[i], REF[f"{name}_prompt"][i]) for i in range(len(got))) <= LIMIT[name]

@@ -697,6 +697,10 @@ class _OneBackend:
     def compute_buffer_sizes(self):
         return {backend_name(self.backend): gallocr_get_buffer_size(self.galloc, 0)}
 
+    def buffers(self):
+        """The compute buffers, to check that a step made no new ones."""
+        return list(self.galloc.buffers)
+
 # %% book/12_llama.ipynb #llama-inputs
 _KV_PAD = 32                          # attend to the first n_kv = pad(n_past + n_tokens, 32) cells
 
