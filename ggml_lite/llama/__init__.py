@@ -110,6 +110,10 @@ def _read_hparams(reader):
     n_ff = _positive(k("feed_forward_length"), _field(reader, k("feed_forward_length"), _INT))
     n_ctx_train = _positive(k("context_length"), _field(reader, k("context_length"), _INT))
     eps = float(_field(reader, k("attention.layer_norm_rms_epsilon"), _FLOAT))
+    base = float(_field(reader, k("rope.freq_base"), _FLOAT, False, 10000.0))
+    for key, value in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", base)):
+        if not (math.isfinite(value) and value > 0):
+            raise GGMLError(f"llama: llama.{key} = {value} must be a positive number")
     if n_embd % n_head or n_head % n_head_kv:
         raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, n_head_kv = {n_head_kv}: "
                         f"n_head must divide n_embd and n_head_kv must divide n_head")
@@ -130,7 +134,7 @@ def _read_hparams(reader):
     return LlamaHParams(n_vocab=_positive(k("vocab_size"), n_vocab), n_ctx_train=n_ctx_train, n_embd=n_embd,
                         n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, n_rot=int(n_rot),
                         f_norm_rms_eps=eps,
-                        rope_freq_base=float(_field(reader, k("rope.freq_base"), _FLOAT, False, 10000.0)),
+                        rope_freq_base=base,
                         rope_freq_scale=freq_scale,
                         f_attention_scale=float(_field(reader, k("attention.scale"), _FLOAT, False, 0.0)))
 
@@ -435,15 +439,28 @@ _WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q8_0,
 
 
 def _expected_tensors(hp):
-    """Name -> (ne, required) of every tensor llama.cpp's LLM_ARCH_LLAMA loader creates."""
+    """(name, ne, required) of every tensor llama.cpp's LLM_ARCH_LLAMA loader creates, in order."""
     e, v, ff, kv = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_k_gqa
-    want = {"token_embd.weight": ((e, v), True), "output_norm.weight": ((e,), True),
-            "output.weight": ((e, v), False), "rope_freqs.weight": ((hp.n_rot // 2,), False)}
+    yield from (("token_embd.weight", (e, v), True), ("output_norm.weight", (e,), True),
+                ("output.weight", (e, v), False), ("rope_freqs.weight", (hp.n_rot // 2,), False))
     for i in range(hp.n_layer):
         for name, ne in (("attn_norm", (e,)), ("attn_q", (e, e)), ("attn_k", (e, kv)), ("attn_v", (e, kv)),
                          ("attn_output", (e, e)), ("ffn_norm", (e,)), ("ffn_gate", (e, ff)),
                          ("ffn_up", (e, ff)), ("ffn_down", (ff, e))):
-            want[f"blk.{i}.{name}.weight"] = (ne, True)
+            yield f"blk.{i}.{name}.weight", ne, True
+
+
+def _check_tensor_names(names, hp):
+    """Every required tensor present, nothing unknown. The walk stops at the first missing name,
+    so a block_count of a billion in a small file costs nothing."""
+    want = {}
+    for name, ne, required in _expected_tensors(hp):
+        if required and name not in names:
+            raise GGMLError(f"llama: missing tensor '{name}'")
+        want[name] = (ne, required)
+    extra = sorted(set(names) - set(want))
+    if extra:
+        raise GGMLError(f"llama: unexpected tensor '{extra[0]}' in the file ({len(extra)} not used by this architecture)")
     return want
 
 
@@ -848,6 +865,7 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     for b in backends:
         if backend_is_cpu(b) and n_threads is not None:
             backend_cpu_set_n_threads(b, n_threads)
+    _check_tensor_names({rt.name for rt in reader.tensors}, hp)    # before anything is sized by n_layer
     layers = [_Layer(b) for b in _placement(hp.n_layer, backends, layers_on)]
     named, records = _weight_plan(reader, hp, backends, layers)
     weights, owned = _alloc_weights(named, "weights")
@@ -865,18 +883,10 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
 # %% book/12_llama.ipynb #llama-weight-plan
 def _weight_plan(reader, hp, backends, layers):
     """Every tensor of the file checked against the architecture, with the backend it goes to."""
-    records = {}
-    for rt in reader.tensors:
-        records[rt.name] = rt
-    want = _expected_tensors(hp)
-    extra = sorted(set(records) - set(want))
-    if extra:
-        raise GGMLError(f"llama: unexpected tensor '{extra[0]}' in the file ({len(extra)} not used by this architecture)")
+    records = {rt.name: rt for rt in reader.tensors}
     named = {}
-    for name, (ne, required) in want.items():
+    for name, (ne, required) in _check_tensor_names(records, hp).items():
         if name not in records:
-            if required:
-                raise GGMLError(f"llama: missing tensor '{name}'")
             continue
         t = _check_tensor(records[name], ne)
         if name == "token_embd.weight":
