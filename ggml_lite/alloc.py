@@ -12,6 +12,7 @@ from ggml_lite.backend import (BackendBufferUsage, backend_buffer_free, backend_
                                backend_buft_get_alloc_size, backend_buft_get_max_size, backend_buft_name,
                                backend_tensor_alloc, backend_view_init)
 from ggml_lite.core import GGMLError
+from ggml_lite.graph import graph_check_alive
 from ggml_lite.ops import Op
 from ggml_lite.tensor import TensorFlag, are_same_layout
 
@@ -491,6 +492,7 @@ def _check_buffer_ids(graph, node_buffer_ids, leaf_buffer_ids, n_buffers):
 
 def _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc):
     """ggml_gallocr_reserve_n_impl: plan, record the plan, grow the buffers that must grow."""
+    graph_check_alive(graph, "gallocr_reserve_n")
     _check_buffer_ids(graph, node_buffer_ids, leaf_buffer_ids, galloc.n_buffers)
     for talloc in galloc.buf_tallocs:
         dyn_tallocr_reset(talloc)
@@ -580,7 +582,10 @@ def gallocr_alloc_graph(galloc, graph):
     several, GallocrNeedsReserveError (ggml returns false): call gallocr_reserve_n first.
     Returns False only if a buffer could not be allocated.
     """
+    graph_check_alive(graph, "gallocr_alloc_graph")
     reason = _needs_realloc(galloc, graph)
+    if reason is None and any(buf is None for buf in galloc.buffers):
+        reason = "a buffer is missing: the last reserve could not allocate it"   # ggml crashes here
     if reason is not None:
         if galloc.n_buffers != 1:
             raise GallocrNeedsReserveError(f"gallocr_alloc_graph: cannot reallocate multi buffer graph "

@@ -8,11 +8,11 @@ import struct
 from enum import IntEnum
 
 from ggml_lite.core import GGMLError
-from ggml_lite.tensor import (MAX_DIMS, _is_padded_1d, are_same_shape, can_repeat, dup_tensor,
-                              format_name, get_op_params_i32, is_contiguous, is_contiguous_1,
-                              is_contiguous_rows, is_transposed, is_vector, nelements, new_tensor,
-                              new_tensor_1d, new_tensor_4d, set_op_params, set_op_params_i32,
-                              view_tensor)
+from ggml_lite.tensor import (MAX_DIMS, are_same_shape, can_repeat, dup_tensor, format_name,
+                              get_op_params_i32, is_contiguous, is_contiguous_1,
+                              is_contiguous_rows, is_padded_1d, is_transposed, is_vector,
+                              nelements, new_tensor, new_tensor_1d, new_tensor_4d, set_op_params,
+                              set_op_params_i32, tensor_check_alive, view_tensor)
 from ggml_lite.types import Type, type_name
 
 # %% book/03_ops.ipynb #ops-enum
@@ -244,6 +244,24 @@ def _ne(t):
     return "[" + ", ".join(str(n) for n in t.ne) + "]"
 
 
+def _alive(where, *tensors):
+    """Every operand's memory must still be there (tensor chapter: when a tensor's memory is gone)."""
+    for t in tensors:
+        if t is not None:
+            tensor_check_alive(t, where)
+
+
+def _enum(kind, value, where):
+    """An enum argument as ggml's enum, or a GGMLError naming it (ggml takes any int here)."""
+    try:
+        member = kind(value)
+    except ValueError:
+        member = None
+    if member is None or member.name == "COUNT":
+        raise GGMLError(f"{where}: {value!r} is not a {kind.__name__}")
+    return member
+
+
 def _require(ok, where, cond, detail):
     """GGML_ASSERT(cond), as an exception that says which op failed and with which numbers."""
     if not ok:
@@ -268,6 +286,7 @@ def _pack(result, fmt, *values):
 
 # %% book/03_ops.ipynb #ops-binary
 def _binary(ctx, a, b, op, inplace, where):
+    _alive(where, a, b)
     _require(can_repeat(b, a), where, "ggml_can_repeat(b, a)",
              f"b.ne={_ne(b)} does not repeat into a.ne={_ne(a)} "
              f"(every a.ne[i] must be a multiple of b.ne[i]; b is broadcast into a, not a into b)")
@@ -320,6 +339,7 @@ def mul_mat(ctx, a, b):
     a (often the weight, any type) is broadcast over dims 2 and 3 by integer division and must
     not be transposed.
     """
+    _alive("mul_mat", a, b)
     ok = (a.ne[0] == b.ne[0] and a.ne[2] > 0 and a.ne[3] > 0
           and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0)
     _require(ok, "mul_mat", "ggml_can_mul_mat(a, b)",
@@ -333,13 +353,15 @@ def mul_mat(ctx, a, b):
 
 def mul_mat_set_prec(a, prec):
     """ggml_mul_mat_set_prec: ask the backend for F32 accumulation (op_params[0])."""
+    _alive("mul_mat_set_prec", a)
     _require(a.op == Op.MUL_MAT, "mul_mat_set_prec", "a->op == GGML_OP_MUL_MAT",
              f"'{a.name}' has op {op_name(a.op)}")
-    set_op_params_i32(a, 0, int(Prec(prec)))
+    set_op_params_i32(a, 0, int(_enum(Prec, prec, "mul_mat_set_prec")))
 
 # %% book/03_ops.ipynb #ops-scale-norm
 def _scale_impl(ctx, a, s, b, inplace, where):
-    _require(_is_padded_1d(a), where, "ggml_is_padded_1d(a)",
+    _alive(where, a)
+    _require(is_padded_1d(a), where, "ggml_is_padded_1d(a)",
              f"a.ne={_ne(a)} nb={a.nb}: rows must be dense and dims 2, 3 packed")
     result = _result(ctx, a, inplace)
     _pack(result, "ff", s, b)
@@ -367,6 +389,7 @@ def scale_bias_inplace(ctx, a, s, b):
 
 
 def _norm_impl(ctx, a, eps, op, inplace):
+    _alive(op_name(op).lower(), a)
     result = _result(ctx, a, inplace)
     _pack(result, "f", eps)
     return _record(result, op, a)
@@ -393,6 +416,7 @@ def rms_norm_inplace(ctx, a, eps):
 
 # %% book/03_ops.ipynb #ops-softmax
 def _soft_max_impl(ctx, a, mask, scale, max_bias, inplace, where):
+    _alive(where, a, mask)
     _require(is_contiguous(a), where, "ggml_is_contiguous(a)", f"a.ne={_ne(a)} nb={a.nb}")
     if mask is not None:
         _require(mask.type in (Type.F16, Type.F32), where,
@@ -404,10 +428,10 @@ def _soft_max_impl(ctx, a, mask, scale, max_bias, inplace, where):
                  f"mask.ne={_ne(mask)}, a.ne={_ne(a)}")
         _require(mask.ne[1] >= a.ne[1], where, "mask->ne[1] >= a->ne[1]",
                  f"mask.ne={_ne(mask)} has fewer rows than a.ne={_ne(a)}")
-        _require(mask.ne[2] > 0 and mask.ne[3] > 0 and a.ne[2] % mask.ne[2] == 0
-                 and a.ne[3] % mask.ne[3] == 0, where,
-                 "a->ne[2]%mask->ne[2] == 0 && a->ne[3]%mask->ne[3] == 0",
-                 f"mask.ne={_ne(mask)} does not broadcast over a.ne={_ne(a)}")
+        for d in (2, 3):          # a zero divisor is refused too (ggml dies of SIGFPE there)
+            _require(mask.ne[d] > 0 and a.ne[d] % mask.ne[d] == 0, where,
+                     f"a->ne[{d}]%mask->ne[{d}] == 0",
+                     f"mask.ne={_ne(mask)} does not broadcast over a.ne={_ne(a)} in dim {d}")
     _require(max_bias <= 0.0 or mask is not None, where, "mask",
              f"max_bias = {max_bias} > 0 (ALiBi) needs a mask")
     result = _result(ctx, a, inplace)
@@ -437,6 +461,7 @@ def soft_max_ext_inplace(ctx, a, mask, scale, max_bias):
 
 def soft_max_add_sinks(a, sinks):
     """ggml_soft_max_add_sinks: one extra logit per head in the denominator (src[2]); None removes it."""
+    _alive("soft_max_add_sinks", a, sinks)
     if sinks is None:
         a.src[2] = None
         return
@@ -451,6 +476,7 @@ def soft_max_add_sinks(a, sinks):
 
 
 def _diag_mask_inf_impl(ctx, a, n_past, inplace):
+    _alive("diag_mask_inf", a)
     result = _result(ctx, a, inplace)
     _pack(result, "i", n_past)
     return _record(result, Op.DIAG_MASK_INF, a)
@@ -468,7 +494,9 @@ def diag_mask_inf_inplace(ctx, a, n_past):
 # %% book/03_ops.ipynb #ops-rope
 def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale,
                ext_factor, attn_factor, beta_fast, beta_slow, inplace, where):
-    _require(mode & 1 == 0, where, "(mode & 1) == 0", f"mode = {mode}: mode & 1 is no longer supported")
+    _alive(where, a, b, c)
+    _require(mode & 1 == 0, where, '(mode & 1) == 0 && "mode & 1 == 1 is no longer supported"',
+             f"mode = {mode}")
     _require(is_vector(b), where, "ggml_is_vector(b)", f"the positions have ne={_ne(b)}")
     _require(b.type == Type.I32, where, "b->type == GGML_TYPE_I32",
              f"the positions are {type_name(b.type)}")
@@ -524,6 +552,7 @@ def rope_multi(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq
 # %% book/03_ops.ipynb #ops-rows
 def get_rows(ctx, a, b):
     """ggml_get_rows: rows of a picked by the I32 indices b; F32 (I32 for I32 a) [a.ne0, b.ne0, b.ne1, b.ne2]."""
+    _alive("get_rows", a, b)
     _require(a.ne[2] == b.ne[1], "get_rows", "a->ne[2] == b->ne[1]", f"a.ne={_ne(a)}, b.ne={_ne(b)}")
     _require(a.ne[3] == b.ne[2], "get_rows", "a->ne[3] == b->ne[2]", f"a.ne={_ne(a)}, b.ne={_ne(b)}")
     _require(b.ne[3] == 1, "get_rows", "b->ne[3] == 1", f"b.ne={_ne(b)}")
@@ -536,16 +565,19 @@ def get_rows(ctx, a, b):
 
 def dup(ctx, a):
     """ggml_dup: a copy of a (op DUP)."""
+    _alive("dup", a)
     return _record(dup_tensor(ctx, a), Op.DUP, a)
 
 
 def dup_inplace(ctx, a):
     """ggml_dup_inplace"""
+    _alive("dup_inplace", a)
     return _record(view_tensor(ctx, a), Op.DUP, a)
 
 
 def cpy(ctx, a, b):
     """ggml_cpy: a converted into b's type and layout; the result is a view of b (it writes b)."""
+    _alive("cpy", a, b)
     _require(nelements(a) == nelements(b), "cpy", "ggml_nelements(a) == ggml_nelements(b)",
              f"a.ne={_ne(a)} has {nelements(a)} elements, b.ne={_ne(b)} has {nelements(b)}")
     result = view_tensor(ctx, b)
@@ -558,6 +590,7 @@ def cpy(ctx, a, b):
 
 def cast(ctx, a, type):
     """ggml_cast: a converted to `type` (op CPY whose src[1] is the result itself)."""
+    _alive("cast", a)
     result = new_tensor(ctx, type, MAX_DIMS, a.ne)
     format_name(result, "%s (copy)", a.name)
     return _record(result, Op.CPY, a, result)
@@ -565,12 +598,14 @@ def cast(ctx, a, type):
 
 def cont(ctx, a):
     """ggml_cont: a dense copy of a (same shape), e.g. of a permuted or transposed view."""
+    _alive("cont", a)
     result = dup_tensor(ctx, a)
     format_name(result, "%s (cont)", a.name)
     return _record(result, Op.CONT, a)
 
 
 def _cont_nd(ctx, a, ne, where):
+    _alive(where, a)
     n = ne[0] * ne[1] * ne[2] * ne[3]
     _require(nelements(a) == n, where, "ggml_nelements(a) == (ne0*ne1*ne2*ne3)",
              f"a.ne={_ne(a)} has {nelements(a)} elements, the new shape {list(ne)} has {n}")
@@ -600,7 +635,8 @@ def cont_4d(ctx, a, ne0, ne1, ne2, ne3):
 
 # %% book/03_ops.ipynb #ops-unary
 def _unary_impl(ctx, a, op, inplace, where="unary"):
-    op = UnaryOp(op)
+    _alive(where, a)
+    op = _enum(UnaryOp, op, where)
     _require(is_contiguous_rows(a), where, "ggml_is_contiguous_rows(a)",
              f"a.ne={_ne(a)} nb={a.nb}: rows must be dense")
     result = _result(ctx, a, inplace)
@@ -649,6 +685,8 @@ def relu(ctx, a):
 
 
 def _glu_impl(ctx, a, b, op, swapped, where):
+    _alive(where, a, b)
+    op = _enum(GluOp, op, where)
     _require(is_contiguous_1(a), where, "ggml_is_contiguous_1(a)", f"a.ne={_ne(a)} nb={a.nb}")
     if b is not None:
         _require(is_contiguous_1(b), where, "ggml_is_contiguous_1(b)", f"b.ne={_ne(b)} nb={b.nb}")
@@ -658,7 +696,7 @@ def _glu_impl(ctx, a, b, op, swapped, where):
                  f"{type_name(a.type)} and {type_name(b.type)}")
     ne = list(a.ne) if b is not None else [a.ne[0] // 2] + list(a.ne[1:])
     result = new_tensor(ctx, a.type, MAX_DIMS, ne)
-    _pack(result, "ii", GluOp(op), int(bool(swapped)))
+    _pack(result, "ii", op, int(bool(swapped)))
     return _record(result, Op.GLU, a, b)
 
 
@@ -689,21 +727,25 @@ def geglu_split(ctx, a, b):
 # %% book/03_ops.ipynb #ops-reduce
 def sum(ctx, a):
     """ggml_sum: the sum of all elements, a 1-element tensor of a's type."""
+    _alive("sum", a)
     return _record(new_tensor_1d(ctx, a.type, 1), Op.SUM, a)
 
 
 def sum_rows(ctx, a):
     """ggml_sum_rows: the sum of each row, [1, ne1, ne2, ne3]."""
+    _alive("sum_rows", a)
     return _record(new_tensor(ctx, a.type, MAX_DIMS, [1] + list(a.ne[1:])), Op.SUM_ROWS, a)
 
 
 def mean(ctx, a):
     """ggml_mean: the mean of each row, F32 [1, ne1, ne2, ne3]."""
+    _alive("mean", a)
     return _record(new_tensor(ctx, Type.F32, MAX_DIMS, [1] + list(a.ne[1:])), Op.MEAN, a)
 
 
 def repeat(ctx, a, b):
     """ggml_repeat: a tiled to b's shape (a must repeat into b)."""
+    _alive("repeat", a, b)
     _require(can_repeat(a, b), "repeat", "ggml_can_repeat(a, b)",
              f"a.ne={_ne(a)} does not repeat into b.ne={_ne(b)}")
     return _record(new_tensor(ctx, a.type, MAX_DIMS, b.ne), Op.REPEAT, a)
@@ -711,6 +753,7 @@ def repeat(ctx, a, b):
 
 def repeat_4d(ctx, a, ne0, ne1, ne2, ne3):
     """ggml_repeat_4d: a tiled to the shape [ne0, ne1, ne2, ne3]."""
+    _alive("repeat_4d", a)
     ne = [ne0, ne1, ne2, ne3]
     ok = any(n == 0 for n in a.ne) or all(a.ne[i] and ne[i] % a.ne[i] == 0 for i in range(MAX_DIMS))
     _require(ok, "repeat_4d", "can_repeat", f"a.ne={_ne(a)} does not repeat into {ne}")
@@ -719,6 +762,7 @@ def repeat_4d(ctx, a, ne0, ne1, ne2, ne3):
 
 def concat(ctx, a, b, dim):
     """ggml_concat: a and b joined along dimension dim."""
+    _alive("concat", a, b)
     _require(0 <= dim < MAX_DIMS, "concat", "dim >= 0 && dim < GGML_MAX_DIMS", f"dim = {dim}")
     _require(a.type == b.type, "concat", "a->type == b->type",
              f"{type_name(a.type)} and {type_name(b.type)}")

@@ -9,6 +9,7 @@ small numpy decoders of the activation formats written here.
 """
 import math
 import threading
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -18,6 +19,7 @@ from numba import njit
 from ggml_lite.backends.cpu import kernels as K
 from ggml_lite.backends.cpu import simd as S
 from ggml_lite.backends.cpu import vec as V
+import ggml_lite as ggml
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import UnaryOp
 from ggml_lite.types import Type, fp32_to_bf16_array, quantize_chunk, row_size
@@ -230,10 +232,12 @@ def test_gelu_has_fp16_precision_like_ggml():
     # below -10: 0, above 10: x itself
     assert (out[x <= -10] == 0).all() and np.array_equal(out[x >= 10], x[x >= 10])
     # inside: ggml's float32 formula at fp16(x), rounded to fp16 (the table's entry), give or take
-    # one fp16 ulp for tanhf's own rounding
+    # one fp16 ulp; tanhf as libm gives it (correctly rounded: double tanh rounded to float32, not
+    # numpy's float32 tanh, whose last bit depends on the CPU)
     h = x[inside].astype(F16).astype(np.float32)
     f32 = np.float32
-    want = (f32(0.5) * h * (f32(1) + np.tanh(f32(0.7978845608028654) * h * (f32(1) + f32(0.044715) * h * h)))).astype(F16)
+    z = f32(0.7978845608028654) * h * (f32(1) + f32(0.044715) * h * h)
+    want = (f32(0.5) * h * (f32(1) + np.tanh(z.astype(np.float64)).astype(f32))).astype(F16)
     got = out[inside].astype(F16)
     assert np.array_equal(got.astype(np.float32), out[inside])          # the result is an fp16 value
     ulps = np.abs(got.view(np.int16).astype(int) - want.view(np.int16).astype(int))
@@ -352,7 +356,7 @@ def test_gelu_quick_has_fp16_precision_like_ggml():
     h = x.astype(F16).astype(np.float32)                # the table: ggml_gelu_quick_f32 at fp16(x), rounded
     f32 = np.float32
     with np.errstate(over="ignore"):
-        want = (h * (f32(1) / (f32(1) + np.exp(f32(-1.702) * h)))).astype(F16)
+        want = (h * (f32(1) / (f32(1) + np.exp((f32(-1.702) * h).astype(np.float64)).astype(f32)))).astype(F16)
     ulps = np.abs(out.astype(F16).view(np.int16).astype(int) - want.view(np.int16).astype(int))
     assert ulps.max() <= 1 and (ulps == 0).mean() > 0.99
     hx = x.astype(F16)                                  # F16: the table by the input's bits
@@ -1023,3 +1027,47 @@ def test_mul_mat_check_errors():
         V.mul_mat_check(Type.F32, a, b, np.empty((1, 1, 16, 4), np.float32).transpose(0, 1, 3, 2))
     with pytest.raises(GGMLError, match="work buffer"):
         V.forward_mul_mat_src1(Type.Q4_0, b, np.empty(10, np.uint8))
+
+
+# --- GLU: every kind, fused, swapped and split, against real ggml ---------------------------
+
+GLU_REF = np.load(Path(__file__).parent / "data" / "glu_ref.npz")
+GLU_CASES = sorted({k.rsplit("/", 1)[0] for k in GLU_REF.files})
+
+
+def _glu_values(a):
+    return a.astype(np.float32) if a.dtype == np.float32 else a.view(np.float16).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", GLU_CASES)
+@pytest.mark.parametrize("nth", [1, 3])
+def test_glu_equals_ggml(case, nth):
+    """tests/ggml_ref/glu_ref.py: ggml 0.15.3's CPU on inputs crossing GEGLU's ±10 and the OAI limit."""
+    kind, tname, form = case.split("/")
+    x, want = GLU_REF[f"{case}/x"], GLU_REF[f"{case}/out"]
+    y = GLU_REF[f"{case}/y"] if form == "split" else None
+    as_arr = (lambda a: a) if tname == "f32" else (lambda a: a.view(np.float16))
+    out = np.full(want.shape, np.nan, np.float32 if tname == "f32" else np.float16)
+    for ith in range(nth):
+        K.forward_glu(as_arr(x), None if y is None else as_arr(y), out, ggml.GluOp[kind],
+                      form == "swapped", 1.702, 7.0, ith, nth)
+    got, ref = out.astype(np.float32), _glu_values(want)
+    assert nmse(got, ref) <= 1e-6, (case, nmse(got, ref))
+    if tname == "f16" or kind in ("REGLU", "GEGLU", "GEGLU_QUICK"):
+        assert np.array_equal(got, ref)              # tables and one rounding: ggml's bits
+
+
+def test_glu_fixture_has_every_kind_form_and_type():
+    kinds = {c.split("/")[0] for c in GLU_CASES}
+    assert kinds == {g.name for g in ggml.GluOp if g != ggml.GluOp.COUNT}
+    assert {c for c in GLU_CASES if c.startswith("SWIGLU_OAI")} == {
+        "SWIGLU_OAI/f32/fused", "SWIGLU_OAI/f32/swapped", "SWIGLU_OAI/f32/split"}
+    assert len(GLU_CASES) == 5 * 2 * 3 + 3
+
+
+def test_glu_refuses_types_ggml_does_not_compute():
+    x = np.zeros((1, 1, 2, 8), np.float16)
+    with pytest.raises(GGMLError, match="swiglu_oai.*one f32 type"):
+        K.forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float16), ggml.GluOp.SWIGLU_OAI)
+    with pytest.raises(GGMLError, match="geglu.*do not fit"):
+        K.forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float32), ggml.GluOp.GEGLU)

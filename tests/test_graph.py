@@ -358,8 +358,58 @@ def test_graph_dies_with_its_context():
     x, y = _chain(ctx, 2)
     gf = ggml.new_graph(ctx)
     ggml.reset(ctx)
-    with pytest.raises(GGMLError, match="freed or reset"):
+    with pytest.raises(GGMLError, match=r"build_forward_expand: the graph is gone: its context was reset"):
         ggml.build_forward_expand(gf, y)
+    owned = ggml.init(1 << 20)
+    x, y = _chain(owned, 2)
+    gf = ggml.new_graph(owned)
+    ggml.build_forward_expand(gf, y)
+    ggml.free(owned)
+    with pytest.raises(GGMLError, match=r"graph_check_alive: the graph is gone: its context was freed "
+                                        r"\(ggml_free\) together with the memory pool it owned"):
+        ggml.graph_check_alive(gf, "graph_check_alive")
+
+
+def _callers_pool(nbytes):
+    raw = np.zeros(nbytes + 64, dtype=np.uint8)
+    return raw[(-raw.ctypes.data) % 64:][:nbytes]
+
+
+def test_graph_in_callers_memory_outlives_free():
+    """As examples/simple/simple-backend.cpp: build in a context over the caller's buffer, ggml_free, then use."""
+    buf = _callers_pool(1 << 16)
+    ctx = ggml.init(len(buf), mem_buffer=buf)
+    x, y = _chain(ctx, 3)
+    gf = ggml.new_graph_custom(ctx, 16)
+    ggml.build_forward_expand(gf, y)
+    ggml.set_f32(x, 1.5)
+    ggml.free(ctx)
+    ggml.graph_check_alive(gf, "test")                          # no error: the memory is the caller's
+    assert [n.op for n in ggml.graph_nodes(gf)] == [Op.ADD] * 3 and x.numpy().ravel().tolist() == [1.5] * 4
+    other = ggml.init(1 << 16)                                   # the graph grows from a live context
+    z = ggml.mul(other, y, x)
+    ggml.build_forward_expand(gf, z)
+    assert gf.n_nodes == 4 and ggml.graph_node(gf, -1) is z
+    assert '"0x' in ggml.graph_dump_dot(gf, None, None)         # descriptors still have addresses
+    with pytest.raises(GGMLError, match="no new object"):
+        ggml.new_graph(ctx)
+
+
+def test_build_refuses_a_dead_tensor_and_changes_nothing():
+    dead = ggml.init(1 << 16)
+    w = ggml.set_name(ggml.new_tensor_1d(dead, F32, 4), "w")
+    live = ggml.init(1 << 16)
+    x = ggml.new_tensor_1d(live, F32, 4)
+    gf = ggml.new_graph_custom(live, 16)
+    ggml.build_forward_expand(gf, ggml.add(live, x, x))
+    y = ggml.mul(live, ggml.add(live, x, x), w)
+    ggml.free(dead)
+    with pytest.raises(GGMLError, match=r"build_forward_expand: tensor 'w' is gone: its context was freed"):
+        ggml.build_forward_expand(gf, y)
+    assert gf.n_nodes == 1 and gf.n_leafs == 1                   # the graph is as it was
+    gf.nodes.append(y)                                           # a dead tensor smuggled in by hand
+    with pytest.raises(GGMLError, match="'w' is gone"):
+        ggml.graph_check_alive(gf, "compute")
 
 
 def test_dump_dot_call_forms(tmp_path):
@@ -391,3 +441,21 @@ def test_draw_graph():
             if s is not None:
                 assert level[id(s)] < level[id(n)]
     plt.close("all")
+
+
+def test_graph_functions_refuse_a_graph_whose_memory_is_gone():
+    ctx = ggml.init(1 << 20)
+    x, y = _chain(ctx, 2)
+    gf = ggml.new_graph_custom(ctx, 16)
+    ggml.build_forward_expand(gf, y)
+    other = ggml.init(1 << 20)
+    dst = ggml.new_graph_custom(other, 16)
+    ggml.reset(ctx)
+    for where, call in [("graph_print", lambda: ggml.graph_print(gf, io.StringIO())),
+                        ("graph_dump_dot", lambda: ggml.graph_dump_dot(gf, None, None)),
+                        ("graph_cpy", lambda: ggml.graph_cpy(gf, dst)), ("graph_view", lambda: ggml.graph_view(gf, 0, 1)),
+                        ("graph_dup", lambda: ggml.graph_dup(other, gf)),
+                        ("graph_add_node", lambda: ggml.graph_add_node(gf, ggml.new_tensor_1d(other, F32, 4)))]:
+        with pytest.raises(GGMLError, match=rf"^{where}: the graph is gone: its context was reset"):
+            call()
+    assert dst.n_nodes == 0

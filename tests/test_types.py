@@ -195,7 +195,7 @@ def test_dequantize_random_bytes_matches_gguf(t):
     assert same_floats(ggml.dequantize_rows(t, data, n), gguf_dequantize(data, t))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), nrows=st.integers(1, 6), nblocks=st.integers(1, 9),
        log_scale=st.floats(-37, 37), kind=st.sampled_from(["normal", "ties", "uniform", "ints", "offset"]),
        t=st.sampled_from(GGUF_QUANTIZES))
@@ -206,7 +206,7 @@ def test_quantize_matches_gguf_property(seed, nrows, nblocks, log_scale, kind, t
     assert same_floats(ggml.dequantize_rows(t, q, x.shape[1]), gguf_dequantize(q, t))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), nrows=st.integers(1, 3), nblocks=st.integers(1, 3),
        log_scale=st.floats(-30, 30), kind=st.sampled_from(["normal", "ties", "uniform", "offset"]),
        t=st.sampled_from([Type.Q4_K, Type.Q6_K]))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_lite.alloc import gallocr_alloc_graph, gallocr_get_buffer_size, gallocr_new, gallocr_reserve
 from ggml_lite.backend import (BackendBufferUsage, backend_alloc_ctx_tensors_from_buft, backend_buffer_clear,
                                backend_buffer_free, backend_buffer_get_size, backend_buffer_set_usage,
                                backend_get_default_buffer_type, backend_graph_compute, backend_name,
@@ -19,6 +18,9 @@ from ggml_lite.backend import (BackendBufferUsage, backend_alloc_ctx_tensors_fro
 from ggml_lite.backends.cpu.backend import backend_cpu_init, backend_cpu_set_n_threads, backend_is_cpu
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import build_forward_expand, graph_overhead_custom, new_graph_custom
+from ggml_lite.sched import (backend_sched_alloc_graph, backend_sched_get_buffer_size, backend_sched_get_n_splits,
+                             backend_sched_graph_compute, backend_sched_new, backend_sched_reserve,
+                             backend_sched_reset)
 from ggml_lite.ops import (Prec, add, cont_2d, cpy, get_rows, mul, mul_mat, mul_mat_set_prec, rms_norm,
                            rope_ext, soft_max_ext, swiglu_split)
 from ggml_lite.tensor import (init, new_tensor_1d, new_tensor_2d, permute, reshape_2d, reshape_3d, set_input,
@@ -687,36 +689,39 @@ def build_graph(m, n_tokens, n_past, n_kv, n_outputs):
     return g
 
 # %% book/12_llama.ipynb #llama-seam
-class _OneBackend:
-    """Computing on one backend: a graph allocator over that backend's buffer type, reserved once
-    for the worst batch; every later graph gets addresses in the same buffer."""
+class _Sched:
+    """The compute seam, llama.cpp's way: a scheduler over the model's backends (the CPU last),
+    reserved once for the worst graph; for each batch a reset, then alloc_graph and graph_compute
+    of a fresh graph. Which backend runs which node, the splits and their input copies are the
+    scheduler's business."""
 
-    def __init__(self, backend):
-        self.backend = backend
-        self.galloc = gallocr_new(backend_get_default_buffer_type(backend))
+    def __init__(self, backends, graph_size):
+        self.backends = list(backends)
+        self.sched = backend_sched_new(self.backends, None, len(self.backends), graph_size, False, True)
 
     def reserve(self, gf):
-        if not gallocr_reserve(self.galloc, gf):
-            raise GGMLError("llama: failed to allocate the compute buffer")
+        if not backend_sched_reserve(self.sched, gf):
+            raise GGMLError("llama: failed to allocate the compute buffers")
 
     def alloc(self, gf):
-        if not gallocr_alloc_graph(self.galloc, gf):
+        backend_sched_reset(self.sched)
+        if not backend_sched_alloc_graph(self.sched, gf):
             raise GGMLError("llama: failed to allocate the graph")
 
     def compute(self, gf):
-        status = backend_graph_compute(self.backend, gf)
+        status = backend_sched_graph_compute(self.sched, gf)
         if status != Status.SUCCESS:
             raise GGMLError(f"llama: graph compute failed: {Status(status).name}")
 
     def n_splits(self):
-        return 1
+        return backend_sched_get_n_splits(self.sched)
 
     def compute_buffer_sizes(self):
-        return {backend_name(self.backend): gallocr_get_buffer_size(self.galloc, 0)}
+        return {backend_name(b): backend_sched_get_buffer_size(self.sched, b) for b in self.backends}
 
     def buffers(self):
         """The compute buffers, to check that a step made no new ones."""
-        return list(self.galloc.buffers)
+        return list(self.sched.galloc.buffers)
 
 # %% book/12_llama.ipynb #llama-inputs
 _KV_PAD = 32                          # attend to the first n_kv = pad(n_past + n_tokens, 32) cells
@@ -746,7 +751,7 @@ class LlamaModel:
         self.tok_embd, self.output_norm = weights["token_embd.weight"], weights["output_norm.weight"]
         self.output = weights.get("output.weight", self.tok_embd)      # tied head when the file has none
         self.rope_freqs = weights.get("rope_freqs.weight")
-        self.max_nodes = max(1024, 8 * len(weights))
+        self.max_nodes = _max_nodes(len(weights))
         self.timings = dict(t_load_ms=0.0, n_p_eval=0, t_p_eval_ms=0.0, n_eval=0, t_eval_ms=0.0)
         self.reserve_graph = build_graph(self, n_batch, 0, kv.n_ctx, n_batch)   # the worst batch
         runner.reserve(self.reserve_graph.gf)
@@ -861,7 +866,6 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     if Type(type_k) not in (Type.F32, Type.F16) or Type(type_v) not in (Type.F32, Type.F16):
         raise GGMLError(f"llama: the KV cache holds F32 or F16, not {type_name(type_k)}/{type_name(type_v)}")
     backends = [backend_cpu_init()] if backends is None else list(backends)
-    runner = _make_runner(backends)
     for b in backends:
         if backend_is_cpu(b) and n_threads is not None:
             backend_cpu_set_n_threads(b, n_threads)
@@ -874,6 +878,7 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     for name in _progress(named, "llama: loading", progress):
         backend_tensor_set(weights[name], np.ascontiguousarray(records[name].data).reshape(-1).view(np.uint8))
     kv = _KVCache(hp, n_ctx, Type(type_k), Type(type_v), layers)
+    runner = _Sched(backends, _max_nodes(len(weights)))
     m = LlamaModel(hp, vocab, weights, layers, backends, kv, runner, n_batch, owned + kv.owned)
     m.tokenizer_model = tokenizer
     m.eos = vocab.eos if vocab else _field(reader, "tokenizer.ggml.eos_token_id", _INT, False, None)
@@ -899,10 +904,9 @@ def _weight_plan(reader, hp, backends, layers):
     return named, records
 
 
-def _make_runner(backends):
-    if len(backends) != 1:
-        raise GGMLError(f"llama: {len(backends)} backends need the scheduler; this build computes on one")
-    return _OneBackend(backends[0])
+def _max_nodes(n_tensors):
+    """llama.cpp's graph_max_nodes: room for every node of the largest graph."""
+    return max(1024, 8 * n_tensors)
 
 # %% book/12_llama.ipynb #llama-softmax
 def _softmax(x):
