@@ -319,3 +319,36 @@ def test_blas_and_cpu_through_the_scheduler(name):
     info = META["models"][name]                                 # and llama.cpp's prompt through the scheduler
     got = both.eval(info["prompt_tokens"])
     assert max(nmse(got[i], REF[f"{name}_prompt"][i]) for i in range(len(got))) <= LIMIT[name]
+
+
+@pytest.mark.parametrize("layers_on", [[0, 0], [1, 0], [1, 1]])
+def test_rpc_and_cpu_through_the_scheduler(layers_on):
+    """A loopback RPC server (ggml_lite's own, serving the CPU) holding some layers: llama.cpp's logits."""
+    import socket
+    import threading
+    import ggml_lite as ggml
+    if not hasattr(ggml, "backend_rpc_start_server"):
+        pytest.skip("this ggml_lite has no RPC backend")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ggml.backend_load_all()
+    server = threading.Thread(target=ggml.backend_rpc_start_server, daemon=True, kwargs={"lifetime": 120},
+                              args=(f"127.0.0.1:{port}", None, 1, 1, [ggml.backend_dev_by_name("CPU")]))
+    server.start()
+    for _ in range(100):                                        # until the server listens
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            threading.Event().wait(0.05)
+    rpc = ggml.backend_rpc_init(f"127.0.0.1:{port}", 0)
+    m = llama.load(DATA / "llama_f32.gguf", n_ctx=64, n_threads=1, progress=False,
+                   backends=[rpc, ggml.backend_cpu_init()], layers_on=layers_on)
+    info = META["models"]["f32"]
+    logits = m.eval(info["prompt_tokens"])
+    assert max(nmse(logits[i], REF["f32_prompt"][i]) for i in range(len(logits))) <= 1e-6
+    assert m.n_splits == (1 if layers_on == [1, 1] else 2)     # the embeddings stay on the CPU
+    step = m.eval([info["greedy"][0]], n_past=len(logits))
+    assert nmse(step[0], REF["f32_steps"][0]) <= 1e-6

@@ -18,11 +18,11 @@ def _init_backend(spec):
     if spec.upper() == "CPU":
         return backend_cpu_init()
     if spec.upper().startswith("RPC:"):
-        try:
-            from ggml_lite.backends.rpc import backend_rpc_init
-        except ImportError:
-            raise GGMLError(f"llama: --device {spec}: this ggml_lite has no RPC backend") from None
-        return backend_rpc_init(spec[4:], 0)
+        import ggml_lite                           # the RPC chapter's backend, when the package has it
+        rpc_init = getattr(ggml_lite, "backend_rpc_init", None)
+        if rpc_init is None:
+            raise GGMLError(f"llama: --device {spec}: this ggml_lite has no RPC backend")
+        return rpc_init(spec[4:], 0)
     backend_load_all()
     b = backend_init_by_name(spec) or backend_init_by_name(spec.upper())
     if b is None:
