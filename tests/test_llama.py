@@ -263,7 +263,8 @@ def test_cli(tmp_path):
     greedy = META["models"]["f16"]["greedy"]
     expected = META["prompt"] + b"".join(vocab.token_to_piece(t) for t in greedy).decode("utf-8", "replace")
     assert out.stdout == expected + "\n"
-    for line in ("load time", "prompt eval time", "eval time", "tokens per second", "graph splits = 1"):
+    for line in ("load time", "prompt eval time", "eval time", "tokens per second",
+                 "graph splits = 1 (prompt), 1 (decode step)"):
         assert line in out.stderr
     bad = subprocess.run([sys.executable, "-m", "ggml_lite.llama", str(DATA / "llama_vocab_spm.gguf")],
                          capture_output=True, text=True, timeout=300)

@@ -752,7 +752,8 @@ class LlamaModel:
         self.output = weights.get("output.weight", self.tok_embd)      # tied head when the file has none
         self.rope_freqs = weights.get("rope_freqs.weight")
         self.max_nodes = _max_nodes(len(weights))
-        self.timings = dict(t_load_ms=0.0, n_p_eval=0, t_p_eval_ms=0.0, n_eval=0, t_eval_ms=0.0)
+        self.timings = dict(t_load_ms=0.0, n_p_eval=0, t_p_eval_ms=0.0, n_eval=0, t_eval_ms=0.0,
+                            splits_prompt=0, splits_decode=0)
         self.reserve_graph = build_graph(self, n_batch, 0, kv.n_ctx, n_batch)   # the worst batch
         runner.reserve(self.reserve_graph.gf)
 
@@ -837,6 +838,7 @@ def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, s
     logits = m.eval(tokens, 0, logits_all=False)[-1]
     t["t_p_eval_ms"] += 1e3 * (time.perf_counter() - t0)
     t["n_p_eval"] += len(tokens)
+    t["splits_prompt"] = m.n_splits
     for i in range(n_predict):
         tok = sample_token(logits, temperature, top_k, top_p, rng)
         out.append(tok)
@@ -848,6 +850,7 @@ def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, s
         logits = m.eval([tok], len(tokens) + len(out) - 1, logits_all=False)[-1]
         t["t_eval_ms"] += 1e3 * (time.perf_counter() - t0)
         t["n_eval"] += 1
+        t["splits_decode"] = m.n_splits
     return out
 
 # %% book/12_llama.ipynb #llama-load

@@ -42,7 +42,8 @@ def _print_timings(m, file):
     total = t["t_load_ms"] + t["t_p_eval_ms"] + t["t_eval_ms"]
     print(f"llama_perf_context_print: {'total time':>16} = {total:10.2f} ms / {t['n_p_eval'] + t['n_eval']:5d} tokens",
           file=file)
-    print(f"llama_perf_context_print: {'graph splits':>16} = {m.n_splits}", file=file)
+    print(f"llama_perf_context_print: {'graph splits':>16} = {t.get('splits_prompt', 0)} (prompt), "
+          f"{t.get('splits_decode', 0)} (decode step)", file=file)
 
 # %% book/12_llama.ipynb #llama-cli-main
 def _parse_args(argv):
