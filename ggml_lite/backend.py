@@ -1065,12 +1065,10 @@ def backend_synchronize(backend):
 
 
 def backend_graph_compute_async(backend, cgraph):
-    """ggml_backend_graph_compute_async: start computing the graph; a Status."""
-    try:
-        return backend.graph_compute(cgraph)
-    except MemoryError as e:
-        _log.error("backend_graph_compute_async: %s: out of memory: %s", backend.get_name(), e)
-        return Status.ALLOC_FAILED
+    """ggml_backend_graph_compute_async: start computing the graph; the backend's Status. Nothing
+    is caught: an exception (a MemoryError, a kernel's GGMLError) reaches the caller, as ggml's
+    CPU backend lets new's std::bad_alloc out."""
+    return backend.graph_compute(cgraph)
 
 
 def backend_graph_compute(backend, cgraph):

@@ -585,6 +585,69 @@ class TestSwiglu(Case):
         return round_to(self.type, _silu(gate) * val)
 
 
+def _gelu_fp16_table(x, thresholds):
+    """ggml's CPU GELU through its fp16 table: fp16(gelu(fp16(x))); with thresholds (F32 input),
+    x <= -10 gives 0 and x >= 10 gives x, as ggml_vec_gelu_f32 / ggml_vec_geglu_f32."""
+    t = _gelu_tanh(x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, t)) if thresholds else t
+
+
+class TestGlu(Case):
+    """test_glu / test_glu_split / test_swiglu_oai for the GLU kinds other than SWIGLU (which
+    TestSwiglu and TestSwigluSplit cover): act(gate) * value, fused (ne0 / 2, swapped exchanges the
+    halves) or split. Gates and values in [-12, 12], across GEGLU's table thresholds at ±10 and
+    SWIGLU_OAI's limit. GEGLU and GEGLU_QUICK are judged against ggml's fp16 tables (as GELU_QUICK
+    in TestUnary); SWIGLU_OAI has alpha and limit in op_params[2], [3] (ggml_swiglu_oai)."""
+    init_range = (-12.0, 12.0)
+
+    def __init__(self, kind, type=Type.F32, ne=(128, 2, 2, 2), v=0, swapped=False, split=False,
+                 alpha=1.702, limit=7.0):
+        self.kind, self.type, self.ne, self.v = kind, type, list(ne), v
+        self.swapped, self.split, self.alpha, self.limit = swapped, split, alpha, limit
+        self.op = kind
+
+    def params(self):
+        p = dict(type=self.type, ne_a=self.ne, v=self.v)
+        p.update(split=1) if self.split else p.update(swapped=self.swapped)
+        if self.kind == "SWIGLU_OAI":
+            p.update(alpha=self.alpha, limit=self.limit)
+        return p
+
+    def build_graph(self, b):
+        def operand(name):
+            return _view_of_bigger(b, self.type, self.ne, [3, 1, 1, 1], name) if self.v else                 b.new_tensor(self.type, self.ne, name)
+        a = operand("a")
+        kind = ggml.GluOp[self.kind]
+        out = ggml.glu_split(b.ctx, a, operand("b"), kind) if self.split else             ggml.glu(b.ctx, a, kind, self.swapped)
+        if self.kind == "SWIGLU_OAI":                      # ggml_swiglu_oai's two parameters
+            ggml.set_op_params_f32(out, 2, self.alpha)
+            ggml.set_op_params_f32(out, 3, self.limit)
+        return out
+
+    def reference(self, srcs, out):
+        x = srcs[0].astype(np.float64)
+        if self.split:
+            gate, val = x, srcs[1].astype(np.float64)
+        else:
+            nc = self.ne[0] // 2
+            gate, val = x[..., :nc], x[..., nc:2 * nc]
+            if self.swapped:
+                gate, val = val, gate
+        f32 = self.type == Type.F32
+        if self.kind == "REGLU":
+            y = np.maximum(gate, 0.0) * val
+        elif self.kind == "GEGLU":
+            y = _gelu_fp16_table(gate, thresholds=f32) * val
+        elif self.kind == "GEGLU_ERF":
+            y = 0.5 * gate * (1.0 + _erf(gate / math.sqrt(2.0))) * val
+        elif self.kind == "GEGLU_QUICK":
+            y = _gelu_quick_fp16_table(gate) * val
+        else:                                              # SWIGLU_OAI
+            g = np.minimum(gate, self.limit)
+            y = g / (1.0 + np.exp(-self.alpha * g)) * (np.clip(val, -self.limit, self.limit) + 1.0)
+        return round_to(self.type, y)
+
+
 # --- GET_ROWS ---------------------------------------------------------------------------------
 
 class TestGetRows(Case):
@@ -1129,6 +1192,12 @@ def make_test_cases():
                 for swapped in (False, True):
                     cases.append(TestSwiglu(type, ne, v, swapped))
                 cases.append(TestSwigluSplit(type, ne, v))
+                for kind in ("REGLU", "GEGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK"):
+                    if kind == "SWIGLU_OAI" and type != Type.F32:
+                        continue                          # ggml's CPU: F32 only
+                    for swapped in (False, True):
+                        cases.append(TestGlu(kind, type, ne, v, swapped))
+                    cases.append(TestGlu(kind, type, ne, v, split=True))
 
     cases.append(TestGetRows(Type.F32, 1, 8, 2, 1, False))
     for type in ALL_TYPES + (Type.I32,):

@@ -38,7 +38,7 @@ def test_n_tasks_follow_ggml():
     ctx = ggml.init(1 << 20)
     a = ggml.new_tensor_2d(ctx, F32, 8, 3)
     assert ggml.get_n_tasks(ggml.add(ctx, a, a), 4) == 4
-    assert ggml.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml: SUB runs on one thread
+    assert ggml.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml counts one task for SUB
     assert ggml.get_n_tasks(ggml.soft_max(ctx, a), 8) == 3        # min(n_threads, rows)
     assert ggml.get_n_tasks(ggml.sum(ctx, a), 4) == 1
     assert ggml.get_n_tasks(ggml.silu(ctx, a), 4) == 4
@@ -257,3 +257,36 @@ def test_min_work_per_node_zero_runs_every_node_on_every_thread():
     ggml.graph_compute(gf, plan)                             # ggml's schedule
     assert sorted((i, ith) for ith, i, *_ in plan.trace) == [(i, t) for i in range(3) for t in range(3)]
     assert ggml.get_f32_1d(f, 0) == 5.0
+
+
+def test_compute_refuses_a_graph_whose_memory_is_gone():
+    """A context freed with the pool it owned (or reset): plan, compute and compute_with_ctx refuse
+    its graph, naming what is gone, before anything runs."""
+    ctx = ggml.init(1 << 20)
+    gf, x, a, b, f = seed_graph(ctx)
+    plan = ggml.graph_plan(gf, 2)
+    ggml.graph_compute(gf, plan)                                  # prepared once
+    ggml.free(ctx)
+    for call in (lambda: ggml.graph_plan(gf, 2), lambda: ggml.graph_compute(gf, plan),
+                 lambda: ggml.graph_compute_with_ctx(ctx, gf, 2)):
+        with pytest.raises(ggml.GGMLError, match="is gone"):
+            call()
+    ctx = ggml.init(1 << 20)
+    gf, *_ = seed_graph(ctx)
+    ggml.reset(ctx)
+    with pytest.raises(ggml.GGMLError, match="graph_plan: .*gone"):
+        ggml.graph_plan(gf, 1)
+
+
+def test_a_graph_over_caller_memory_computes_after_free():
+    """ggml's examples/simple/simple-backend.cpp frees the context between building and computing:
+    over caller-owned memory (mem_buffer) the tensors and the graph stay usable."""
+    mem = np.zeros(1 << 20, np.uint8)
+    ctx = ggml.init(mem_size=mem.nbytes, mem_buffer=mem)
+    gf, x, a, b, f = seed_graph(ctx)
+    for t, v in ((x, 2.0), (a, 3.0), (b, 4.0)):
+        ggml.set_f32(t, v)
+    ggml.free(ctx)
+    plan = ggml.graph_plan(gf, 2)
+    assert ggml.graph_compute(gf, plan) == Status.SUCCESS
+    assert ggml.get_f32_1d(f, 0) == 16.0

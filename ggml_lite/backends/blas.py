@@ -9,7 +9,9 @@ import numpy as np
 from ggml_lite.backend import (Backend, BackendDevCaps, BackendDevice, BackendDevProps, BackendDevType,
                                BackendReg, backend_buft_is_host, backend_cpu_buffer_from_ptr,
                                backend_cpu_buffer_type, guid_matches)
+from ggml_lite.backends.cpu.compute import VIEW_OPS
 from ggml_lite.core import GGMLError, Status
+from ggml_lite.graph import graph_check_alive
 from ggml_lite.ops import Op, op_desc
 from ggml_lite.tensor import TensorFlag, is_contiguous, is_matrix, is_transposed
 from ggml_lite.types import Type, dequantize_rows, get_type_traits, row_size, type_name
@@ -17,7 +19,6 @@ from ggml_lite.types import Type, dequantize_rows, get_type_traits, row_size, ty
 _BLAS_GUID = bytes([0x12, 0xa8, 0xae, 0xf4, 0xc0, 0x1e, 0x61, 0x97,
                     0x8f, 0xeb, 0x33, 0x04, 0xa1, 0x33, 0x51, 0x2d])
 _MIN_BATCH = 32                     # ggml-blas.cpp: "BLAS usually is only faster for large matrices"
-_NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
 
 # %% book/07_backend.ipynb #blas-mul-mat
 def _weights_f32(src0, cache):
@@ -62,7 +63,7 @@ def _has_to_float(t):
 def _blas_supports_op(op):
     """ggml_backend_blas_device_supports_op (ggml-blas.cpp, 0.15.3), condition for condition."""
     src0, src1 = op.src[0], op.src[1]
-    if op.op in _NO_COMPUTE:
+    if op.op in VIEW_OPS:
         return True
     if op.op == Op.MUL_MAT:
         return (is_contiguous(src0) and is_contiguous(src1) and src1.type == Type.F32
@@ -85,7 +86,8 @@ class _BLASBackend(Backend):
         return "BLAS"
 
     def graph_compute(self, cgraph):
-        nodes = [n for n in cgraph.nodes if n.flags & TensorFlag.COMPUTE and n.op not in _NO_COMPUTE]
+        graph_check_alive(cgraph, "BLAS graph_compute")
+        nodes = [n for n in cgraph.nodes if n.flags & TensorFlag.COMPUTE and n.op not in VIEW_OPS]
         for node in nodes:                  # all checked before any is computed
             if not _blas_supports_op(node):
                 srcs = ", ".join(f"src{i} {type_name(s.type)} ne={s.ne} nb={s.nb}"

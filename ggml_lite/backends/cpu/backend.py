@@ -11,21 +11,12 @@ import numpy as np
 from ggml_lite.backend import (Backend, BackendDevCaps, BackendDevice, BackendDevProps, BackendDevType,
                                BackendReg, backend_buft_is_host, backend_cpu_buffer_from_ptr,
                                backend_cpu_buffer_type, guid_matches)
-from ggml_lite.backends.cpu.compute import DEFAULT_N_THREADS, graph_compute, graph_plan
+from ggml_lite.backends.cpu.compute import (DEFAULT_N_THREADS, cpu_supports_op, graph_compute, graph_plan,
+                                            op_is_empty)
 from ggml_lite.core import GGMLError
-from ggml_lite.ops import GluOp, Op, UnaryOp, get_glu_op, get_unary_op
-from ggml_lite.types import Type, get_type_traits
 
 _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a,
                    0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
-_NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
-# What the compute chapter has kernels for (its dispatch in backends/cpu/compute.py), and for
-# UNARY and GLU nodes which kinds: supports_op claims exactly these.
-_CPU_OPS = {Op.DUP, Op.CPY, Op.CONT, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SCALE, Op.NORM, Op.RMS_NORM,
-            Op.SOFT_MAX, Op.ROPE, Op.DIAG_MASK_INF, Op.GET_ROWS, Op.CONCAT, Op.SUM, Op.SUM_ROWS,
-            Op.MEAN, Op.REPEAT, Op.MUL_MAT}
-_CPU_UNARY = frozenset(UnaryOp) - {UnaryOp.XIELU, UnaryOp.COUNT}   # XIELU: no constructor, no kernel
-_CPU_GLU = {GluOp.SWIGLU}
 
 # %% book/07_backend.ipynb #cpu-backend-stream
 class _CPUBackend(Backend):
@@ -70,20 +61,14 @@ def _cpu_description():
 
 
 def _cpu_supports_op(op):
-    if op.op in _NO_COMPUTE:
+    """The compute chapter's kernel table decides (cpu_supports_op); an operand outside host memory
+    is refused first, since the kernels read tensors through their host addresses."""
+    if op_is_empty(op.op):
         return True
     if any(s is not None and s.buffer is not None and not backend_buft_is_host(s.buffer.buft)
            for s in op.src):
         return False
-    if op.op == Op.MUL_MAT:
-        vec_dot_type = get_type_traits(op.src[0].type).vec_dot_type
-        if vec_dot_type is None or op.src[1].type not in (Type.F32, vec_dot_type):
-            return False
-    if op.op == Op.UNARY:
-        return get_unary_op(op) in _CPU_UNARY
-    if op.op == Op.GLU:
-        return get_glu_op(op) in _CPU_GLU
-    return op.op in _CPU_OPS
+    return cpu_supports_op(op)
 
 
 class _CPUDevice(BackendDevice):
