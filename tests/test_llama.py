@@ -353,3 +353,23 @@ def test_rpc_and_cpu_through_the_scheduler(layers_on):
     assert m.n_splits == (1 if layers_on == [1, 1] else 2)     # the embeddings stay on the CPU
     step = m.eval([info["greedy"][0]], n_past=len(logits))
     assert nmse(step[0], REF["f32_steps"][0]) <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["f32", "q8_0", "q4_0"])
+def test_cuda_and_cpu_through_the_scheduler(name):
+    """All layers on CUDA0 (the embeddings on the CPU): llama.cpp's logits within mul_mat's limit
+    (GPU matrix products round differently from the CPU's). Skipped on a machine without a GPU."""
+    import ggml_lite as ggml
+    ggml.backend_load_all()
+    cuda = ggml.backend_init_by_name("CUDA0")
+    if cuda is None:
+        pytest.skip("no CUDA device here")
+    m = llama.load(DATA / f"llama_{name}.gguf", n_ctx=64, n_threads=1, progress=False,
+                   backends=[cuda, ggml.backend_cpu_init()])
+    info = META["models"][name]
+    logits = m.eval(info["prompt_tokens"])
+    assert max(nmse(logits[i], REF[f"{name}_prompt"][i]) for i in range(len(logits))) <= 5e-4
+    assert m.n_splits >= 1
+    for step, tok in enumerate(info["greedy"][:4]):
+        row = m.eval([tok], n_past=len(logits) + step)
+        assert nmse(row[0], REF[f"{name}_steps"][step]) <= 5e-4
