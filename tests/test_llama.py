@@ -373,3 +373,15 @@ def test_cuda_and_cpu_through_the_scheduler(name):
     for step, tok in enumerate(info["greedy"][:4]):
         row = m.eval([tok], n_past=len(logits) + step)
         assert nmse(row[0], REF[f"{name}_steps"][step]) <= 5e-4
+
+
+def test_cuda_takes_every_node_of_the_graph():
+    """Without a GPU: the CUDA chapter's supports_op (what its kernels compute) accepts every node of
+    the llama graph, prompt and decode, for these weight types, so nothing falls back to the CPU."""
+    import ggml_lite as ggml
+    for name in ("f32", "f16", "q8_0", "q4_0", "q4_1"):
+        m = model(name)
+        for n_tokens in (1, 40):
+            g = llama.build_graph(m, n_tokens, 0, 64, n_tokens)
+            refused = [n.name for n in g.gf.nodes if not ggml.cuda_supports_op(n)]
+            assert refused == [], (name, n_tokens, refused)
