@@ -216,6 +216,8 @@ def test_bad_keys(tmp_path):
     assert "rope.dimension_count = 8 must equal n_embd / n_head = 16" in msg
     msg = load_error(rewrite(tmp_path / "d.gguf", set_keys={"llama.block_count": (0, u32)}))
     assert "llama.block_count = 0 is out of range" in msg
+    msg = load_error(rewrite(tmp_path / "k.gguf", set_keys={"llama.attention.key_length": (32, u32)}))
+    assert "llama.attention.key_length = 32 differs from n_embd / n_head = 16" in msg
     msg = load_error(rewrite(tmp_path / "e.gguf", set_keys={"llama.block_count": (2**31, u32)}))
     assert "missing tensor 'blk.2.attn_norm.weight'" in msg       # found before anything is sized by it
     msg = load_error(rewrite(tmp_path / "f.gguf", set_keys={"llama.attention.layer_norm_rms_epsilon": (-1.0, f32)}))

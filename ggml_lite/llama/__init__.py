@@ -122,6 +122,10 @@ def _read_hparams(reader):
     n_rot = _field(reader, k("rope.dimension_count"), _INT, False, n_embd // n_head)
     if n_rot != n_embd // n_head:
         raise GGMLError(f"llama: rope.dimension_count = {n_rot} must equal n_embd / n_head = {n_embd // n_head}")
+    for key in ("attention.key_length", "attention.value_length"):    # head sizes other than n_embd/n_head
+        if _field(reader, k(key), _INT, False, n_embd // n_head) != n_embd // n_head:
+            raise GGMLError(f"llama: llama.{key} = {_field(reader, k(key), _INT)} differs from n_embd / n_head = "
+                            f"{n_embd // n_head}; such models are not supported")
     if _field(reader, k("expert_count"), _INT, False, 0):
         raise GGMLError("llama: mixture-of-experts llama models (llama.expert_count > 0) are not supported")
     scaling = _field(reader, k("rope.scaling.type"), _STR, False, "none")

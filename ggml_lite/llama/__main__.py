@@ -72,7 +72,7 @@ def _main(argv=None):
         layers_on = None if args.layers_on is None else [int(x) for x in args.layers_on.split(",")]
         m = load(args.model, n_ctx=args.ctx_size, backends=backends, n_threads=args.threads, layers_on=layers_on,
                  n_batch=args.batch_size, progress=not args.no_progress)
-        tokens = m.tokenize(args.prompt)
+        tokens = m.tokenize(args.prompt, parse_special=True)     # as llama-cli: "<s>" in a prompt is BOS
         sys.stdout.write(args.prompt)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")   # a character may span byte tokens
 
