@@ -104,7 +104,7 @@ def test_decode_step_allocates_nothing(monkeypatch):
     assert m.runner.compute_buffer_sizes() == size
 
 
-@pytest.mark.parametrize("key", ["ids", "ids_bos", "detok"])
+@pytest.mark.parametrize("key", ["ids", "ids_bos", "ids_special", "detok"])
 def test_tokenizer_matches_llama_cpp(key):
     vocab = llama.load_vocab(DATA / "llama_vocab_spm.gguf")
     cases = META["tokenizer"]
@@ -114,6 +114,8 @@ def test_tokenizer_matches_llama_cpp(key):
             assert vocab.tokenize(c["text"], add_special=False) == c["ids"], c["text"]
         elif key == "ids_bos":
             assert vocab.tokenize(c["text"]) == c["ids_bos"], c["text"]
+        elif key == "ids_special":                              # control tokens in the text parsed
+            assert vocab.tokenize(c["text"], parse_special=True) == c["ids_special"], c["text"]
         else:
             assert vocab.detokenize(c["ids_bos"]) == c["detok"], c["text"]
 

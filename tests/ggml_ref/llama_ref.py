@@ -54,7 +54,7 @@ EXTRA_STRINGS = [
     "!@#$%^&*()_+-=~`|\\:;\"'<>,.?/", "Ünïcödé tëxt", "Привет, мир", "こんにちは世界", "中文测试",
     "😀 🎉 👍🏽", "\u00a0non-breaking\u00a0space", "tab\tseparated\tvalues", "控制\x01\x02bytes",
     "<s> not special </s>", "<unk>", "▁already▁escaped", "a" * 50, "The quick brown fox jumps over the lazy dog",
-    "don't won't can't I'm you're", "   leading and trailing   ",
+    "don't won't can't I'm you're", "   leading and trailing   ", "<s>Hello</s>", "a</s><s>b", "x<unk>y<s>",
 ]
 
 
@@ -99,10 +99,10 @@ def peer(data):
     inp = (data / "llama_vocab_spm.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     strings = inp + EXTRA_STRINGS
 
-    def tokenize(text, add_special):
+    def tokenize(text, add_special, parse_special=False):
         raw = text.encode()
         buf = (llama_cpp.llama_token * (len(raw) + 8))()
-        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), add_special, False)
+        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), add_special, parse_special)
         return [int(buf[i]) for i in range(n)]
 
     def detokenize(ids):
@@ -112,7 +112,8 @@ def peer(data):
         return out.raw[:n].decode("utf-8", errors="replace")
 
     meta["tokenizer"] = [{"text": s, "ids": tokenize(s, False), "ids_bos": tokenize(s, True),
-                          "detok": detokenize(tokenize(s, True))} for s in strings]
+                          "ids_special": tokenize(s, True, True), "detok": detokenize(tokenize(s, True))}
+                         for s in strings]
     np.savez_compressed(data / "llama_ref.npz", **arrays)
     (data / "llama_ref.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {data / 'llama_ref.npz'} and {data / 'llama_ref.json'}")
