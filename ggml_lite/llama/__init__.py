@@ -99,7 +99,7 @@ def _positive(key, v, lo=1):
 
 # %% book/12_llama.ipynb #llama-read-hparams
 def _read_hparams(reader):
-    """llama_model::load_hparams for LLM_ARCH_LLAMA: the keys, their defaults, their checks."""
+    """llama.cpp's load_hparams for LLM_ARCH_LLAMA: the keys, their defaults, their checks."""
     arch = _field(reader, "general.architecture", _STR)
     if arch != "llama":
         raise GGMLError(f"llama: general.architecture is '{arch}', this loader reads 'llama' models only")
@@ -666,7 +666,8 @@ def _build_attn(ctx, gf, m, g, cur, il):
 # %% book/12_llama.ipynb #llama-build-graph
 def build_graph(m, n_tokens, n_past, n_kv, n_outputs):
     """llama's forward graph for a batch of n_tokens at positions n_past.., attending to n_kv cells,
-    with logits for n_outputs rows (llm_build_llama). Nothing is computed or allocated here."""
+    with logits for n_outputs rows (llama.cpp's llama_model_llama::graph). Nothing is computed or
+    allocated here."""
     hp = m.hparams
     ctx = init(mem_size=tensor_overhead() * m.max_nodes + graph_overhead_custom(m.max_nodes), no_alloc=True)
     gf = new_graph_custom(ctx, m.max_nodes)
