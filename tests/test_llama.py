@@ -389,3 +389,34 @@ def test_cuda_takes_every_node_of_the_graph():
             g = llama.build_graph(m, n_tokens, 0, 64, n_tokens)
             refused = [n.name for n in g.gf.nodes if not ggml.cuda_supports_op(n)]
             assert refused == [], (name, n_tokens, refused)
+
+
+def _x86_q8_codes_differ(x):
+    """Rows of x whose Q8_0/Q8_1 codes differ between ggml's reference quantizer (d = max/127,
+    q = roundf(x * (1/d))) and its x86 SIMD one (q = round-half-even(x * (127/max)),
+    quantize_row_q8_0/q8_1 in ggml-cpu/arch/x86/quants.c), which ggml's CPU mul_mat uses here."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    mx = np.abs(xb).max(axis=2, keepdims=True).astype(np.float32)
+    d = (mx / np.float32(127)).astype(np.float32)
+    v = (xb * np.where(d != 0, np.float32(1) / d, 0).astype(np.float32)).astype(np.float32)
+    q_ref = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    q_x86 = np.rint((xb * np.where(mx != 0, np.float32(127) / mx, 0).astype(np.float32)).astype(np.float32))
+    return set(np.nonzero((q_ref != q_x86).any(axis=(1, 2)))[0].tolist())
+
+
+@pytest.mark.parametrize("t", ["Q4_1", "Q4_K", "Q6_K", "BF16", "Q8_0"])
+def test_quantized_products_against_ggml(t):
+    """ggml 0.15.3's CPU mul_mat on these weight types (fixture llama_mulmat_ref.py) and ggml_lite's
+    agree to rounding noise, except on the rows whose activations quantize differently to Q8_0/Q8_1
+    under ggml's x86 quantizer (ggml_lite's kernels use the reference one): a known deviation,
+    within mul_mat's limit. The K-quants' Q8_K and BF16 have no such difference."""
+    from ggml_lite.backends.cpu.vec import forward_mul_mat
+    d = np.load(DATA / "llama_mulmat_ref.npz")
+    w, x, ref = d[t], d["x"], d[f"{t}_out"]
+    a = (w.view(np.uint16) if t == "BF16" else w).reshape(1, 1, ref.shape[1], -1)
+    dst = np.zeros((1, 1) + ref.shape, np.float32)
+    forward_mul_mat(Type[t], a, x.reshape((1, 1) + x.shape), dst)
+    errs = [nmse(dst[0, 0, i], ref[i]) for i in range(ref.shape[0])]
+    differ = {i for i, e in enumerate(errs) if e > 1e-10}
+    assert differ == (_x86_q8_codes_differ(x) if t in ("Q4_1", "Q8_0") else set())
+    assert max(errs) <= 5e-4
