@@ -8,7 +8,7 @@ import os
 import sys
 from enum import IntEnum
 
-from ggml_lite.core import GGMLError
+from ggml_lite.core import GGMLError, require
 from ggml_lite.ops import Op, op_name, op_symbol
 from ggml_lite.tensor import (MAX_SRC, MEM_ALIGN, OBJECT_SIZE, PAD, ObjectType, TensorFlag,
                               descriptor_address, format_name, is_matrix, nelements, new_object,
@@ -104,12 +104,11 @@ class CGraph:
     def __repr__(self):
         return f"CGraph(size={self.size}, n_nodes={self.n_nodes}, n_leafs={self.n_leafs})"
 
-
+# %% book/04_graph.ipynb #graph-new
 def new_graph_custom(ctx, size, grads=False):
     """ggml_new_graph_custom: an empty graph of capacity `size` in ctx's pool (with gradient arrays if grads)."""
     size = int(size)
-    if size < 0:
-        raise GGMLError(f"new_graph_custom: size = {size} is negative")
+    require(size >= 0, "new_graph_custom", f"size = {size} is negative")
     graph = CGraph(size, grads)
     graph.offs = new_object(ctx, ObjectType.GRAPH, _graph_nbytes(size, grads), graph)
     graph._stamp = pool_stamp(ctx)
@@ -123,8 +122,7 @@ def new_graph(ctx):
 
 def _check_graph(graph, where):
     why = pool_stamp_gone(graph._stamp)
-    if why is not None:
-        raise GGMLError(f"{where}: the graph is gone: {why}")
+    require(why is None, where, f"the graph is gone: {why}")
 
 
 def graph_check_alive(cgraph, where):
@@ -170,7 +168,7 @@ def _append(graph, t):
             format_name(t, "node_%d", graph.n_nodes)
         graph.nodes.append(t)
 
-
+# %% book/04_graph.ipynb #graph-visit
 def _visit_parents(graph, root, compute):
     """ggml_visit_parents_graph, with an explicit stack: post-order DFS over src[0..9]."""
     order = range(MAX_SRC) if graph.order != EvalOrder.RIGHT_TO_LEFT else range(MAX_SRC - 1, -1, -1)
@@ -207,7 +205,7 @@ def _visit_parents(graph, root, compute):
             if new:
                 _append(graph, t)
 
-
+# %% book/04_graph.ipynb #graph-expand
 def _build_forward_impl(graph, tensor, compute, where):
     _check_graph(graph, where)
     new_nodes, new_leafs = _count_new(graph, tensor, where)
@@ -220,8 +218,9 @@ def _build_forward_impl(graph, tensor, compute, where):
                 f"new_graph_custom(ctx, size) and size >= {have + new}")
     n_old = graph.n_nodes
     _visit_parents(graph, tensor, compute)
-    if graph.n_nodes > n_old and graph.nodes[-1] is not tensor:
-        raise GGMLError(f"{where}: GGML_ASSERT(cgraph->nodes[cgraph->n_nodes - 1] == tensor) failed")
+    require(graph.n_nodes == n_old or graph.nodes[-1] is tensor, where,
+            f"the walk from '{tensor.name}' did not end on it",
+            assertion="cgraph->nodes[cgraph->n_nodes - 1] == tensor")
 
 
 def build_forward_expand(cgraph, tensor):
@@ -231,9 +230,8 @@ def build_forward_expand(cgraph, tensor):
 
 def build_forward_select(cgraph, tensors, n_tensors, idx):
     """ggml_build_forward_select: add n_tensors alternatives; only tensors[idx] is flagged COMPUTE."""
-    if not 0 <= idx < n_tensors:
-        raise GGMLError(f"build_forward_select: GGML_ASSERT(idx >= 0 && idx < n_tensors) failed: "
-                        f"idx = {idx}, n_tensors = {n_tensors}")
+    require(0 <= idx < n_tensors, "build_forward_select", f"idx = {idx}, n_tensors = {n_tensors}",
+            assertion="idx >= 0 && idx < n_tensors")
     for i in range(n_tensors):
         _build_forward_impl(cgraph, tensors[i], i == idx, "build_forward_select")
     return tensors[idx]
@@ -258,11 +256,9 @@ def graph_node(cgraph, i):
     """ggml_graph_node: node i; a negative i counts from the end (-1 = the last node)."""
     n = cgraph.n_nodes
     if i < 0:
-        if n + i < 0:
-            raise GGMLError(f"graph_node: GGML_ASSERT(cgraph->n_nodes + i >= 0) failed: i = {i}, n_nodes = {n}")
+        require(n + i >= 0, "graph_node", f"i = {i}, n_nodes = {n}", assertion="cgraph->n_nodes + i >= 0")
         return cgraph.nodes[n + i]
-    if i >= n:
-        raise GGMLError(f"graph_node: GGML_ASSERT(i < cgraph->n_nodes) failed: i = {i}, n_nodes = {n}")
+    require(i < n, "graph_node", f"i = {i}, n_nodes = {n}", assertion="i < cgraph->n_nodes")
     return cgraph.nodes[i]
 
 
@@ -270,9 +266,9 @@ def graph_add_node(cgraph, tensor):
     """ggml_graph_add_node: append a node by hand (no walk, no COMPUTE flag, not in the hash set)."""
     _check_graph(cgraph, "graph_add_node")
     tensor_check_alive(tensor, "graph_add_node")
-    if cgraph.size <= cgraph.n_nodes:
-        raise GraphFullError(f"graph_add_node: graph is full: n_nodes >= size={cgraph.size} "
-                             f"(GGML_ASSERT(cgraph->size > cgraph->n_nodes) failed)")
+    require(cgraph.size > cgraph.n_nodes, "graph_add_node",
+            f"graph is full: n_nodes >= size={cgraph.size} (GGML_ASSERT(cgraph->size > cgraph->n_nodes) failed)",
+            error=GraphFullError)
     cgraph.nodes.append(tensor)
 
 
@@ -281,7 +277,7 @@ def graph_clear(cgraph):
     cgraph.nodes, cgraph.leafs = [], []
     cgraph.visited_hash_set = {}
 
-
+# %% book/04_graph.ipynb #graph-lookup
 def graph_get_tensor(cgraph, name):
     """ggml_graph_get_tensor: the first leaf, then node, named `name`; None if there is none."""
     for t in cgraph.leafs + cgraph.nodes:
@@ -308,7 +304,7 @@ def node_get_use_count(cgraph, node_idx):
     """ggml_node_get_use_count (ggml-impl.h): how many operands of nodes refer to node node_idx."""
     return cgraph.use_counts.get(id(cgraph.nodes[node_idx]), 0)
 
-
+# %% book/04_graph.ipynb #graph-view-cpy
 def graph_view(cgraph0, i0, i1):
     """ggml_graph_view: the nodes i0..i1-1 as a graph of size 0 sharing cgraph0's hash set."""
     _check_graph(cgraph0, "graph_view")
@@ -326,8 +322,8 @@ def graph_cpy(src, dst):
     _check_graph(dst, "graph_cpy")
     for what, need, have in (("n_leafs", src.n_leafs, dst.size), ("n_nodes", src.n_nodes, dst.size),
                              ("hash set size", src.hash_size, dst.hash_size)):
-        if have < need:
-            raise GraphFullError(f"graph_cpy: the destination is too small: {what} {need} > {have}")
+        require(have >= need, "graph_cpy", f"the destination is too small: {what} {need} > {have}",
+                error=GraphFullError)
     dst.nodes, dst.leafs = list(src.nodes), list(src.leafs)
     dst.order = src.order
     dst.visited_hash_set = dict(src.visited_hash_set)
@@ -362,7 +358,7 @@ def graph_print(cgraph, file=None):
     lines.append("=" * 40)
     print("\n".join(lines), file=out)
 
-
+# %% book/04_graph.ipynb #graph-dot
 def _addresses():
     """A tensor's "pointer" for the DOT file: the address of its descriptor object in the pool."""
     cache = {}
@@ -384,7 +380,7 @@ def _graph_get_parent(cgraph, node):
 def _graph_find(cgraph, node):
     return cgraph is None or any(n is node for n in cgraph.nodes)
 
-
+# %% book/04_graph.ipynb #graph-dot-fn
 def graph_dump_dot(gb, gf=None, filename=None):
     """ggml_graph_dump_dot: the graph gb in Graphviz DOT (gf marks the forward part); returns the text.
 
@@ -475,7 +471,7 @@ def _layout(cgraph):
                 pos[k] = i + (width - len(row)) / 2
     return members, level, pos
 
-
+# %% book/04_graph.ipynb #graph-draw-fn
 def draw_graph(cgraph, ax=None, title=None):
     """Draw a graph with matplotlib: pink leafs, grey views, orange mul_mat; '#i' = position in nodes[]."""
     import matplotlib.pyplot as plt
