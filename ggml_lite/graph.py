@@ -9,6 +9,7 @@ import sys
 from enum import IntEnum
 
 from ggml_lite.core import GGMLError, require
+from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_name, op_symbol
 from ggml_lite.tensor import (MAX_SRC, MEM_ALIGN, OBJECT_SIZE, PAD, ObjectType, TensorFlag,
                               descriptor_address, format_name, is_matrix, nelements, new_object,
@@ -433,9 +434,6 @@ def graph_dump_dot(gb, gf=None, filename=None):
     return text
 
 # %% book/04_graph.ipynb #graph-draw
-_VIEW_OPS = (Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
-
-
 def _layout(cgraph):
     """Rows (levels) and x positions for the leafs and nodes of a graph."""
     members = {id(t): t for t in cgraph.leafs + cgraph.nodes}
@@ -496,7 +494,7 @@ def draw_graph(cgraph, ax=None, title=None):
     for key, t in members.items():
         x, y = xy[key]
         if key in index:
-            color = "#cccccc" if t.op in _VIEW_OPS else "#f9cb9c" if t.op == Op.MUL_MAT else "#cfe2f3"
+            color = "#cccccc" if is_view_op(t.op) else "#f9cb9c" if t.op == Op.MUL_MAT else "#cfe2f3"
             text = f"#{index[key]} {op_name(t.op)}\n{t.name[:28]}"
         else:
             color = "#f4c7d4"

@@ -486,3 +486,41 @@ def test_enum_arguments_outside_ggml_enums_are_refused():
                        (lambda: ggml.mul_mat_set_prec(ggml.mul_mat(ctx, a, a), 3), "3 is not a Prec")]:
         with pytest.raises(GGMLError, match=text):
             call()
+
+
+# --- the GLU family of ggml.h, against real ggml (tests/data/glu_ctor_ref.json) -------------------
+
+GLU_CTOR_REF = json.loads((Path(__file__).parent / "data" / "glu_ctor_ref.json").read_text())["constructors"]
+
+
+@pytest.mark.parametrize("name", sorted(GLU_CTOR_REF))
+def test_glu_constructor_records_what_ggml_records(name):
+    ctx = ggml.init(1 << 20)
+    if name.endswith("_split") or name == "swiglu_oai":
+        a, b = (ggml.new_tensor_2d(ctx, Type.F32, 4, 3) for _ in range(2))
+        args = (a, b, 1.702, 7.0) if name == "swiglu_oai" else (a, b)
+    else:
+        args = (ggml.new_tensor_2d(ctx, Type.F32, 8, 3),)
+    r = getattr(ggml, name)(ctx, *args)
+    want = GLU_CTOR_REF[name]
+    assert (int(r.op), list(r.ne)) == (want["op"], want["ne"])
+    assert [int(w) & 0xFFFFFFFF for w in r.op_params[:4]] == want["op_params"]
+    ggml.free(ctx)
+
+
+def test_swiglu_oai_computes_ggmls_formula():
+    rng = np.random.default_rng(7)
+    ctx = ggml.init(1 << 20)
+    a, b = (ggml.new_tensor_2d(ctx, Type.F32, 16, 3) for _ in range(2))
+    x, y = (rng.uniform(-12, 12, (3, 16)).astype(np.float32) for _ in range(2))
+    a.numpy()[...] = x
+    b.numpy()[...] = y
+    out = ggml.swiglu_oai(ctx, a, b, 1.702, 7.0)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, out)
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    xc = np.minimum(x, np.float32(7.0))
+    want = xc / (np.float32(1) + np.exp(np.float32(1.702) * -xc)) * (np.clip(y, -7, 7) + np.float32(1))
+    got = out.numpy()
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-12
+    ggml.free(ctx)
