@@ -4,7 +4,7 @@
 __all__ = ['nelements', 'nrows', 'nbytes', 'nbytes_pad', 'element_size', 'n_dims', 'is_empty', 'is_scalar', 'is_vector', 'is_matrix', 'is_3d', 'is_view', 'is_transposed', 'is_permuted', 'is_contiguous', 'is_contiguous_0', 'is_contiguous_1', 'is_contiguous_2', 'is_contiguous_rows', 'is_contiguously_allocated', 'is_contiguous_channels', 'are_same_shape', 'are_same_stride', 'are_same_layout', 'can_repeat', 'unravel_index']
 
 # %% book/02_tensor.ipynb #tensor-nelements
-from ggml_lite.context import MAX_DIMS
+from ggml_lite.context import MAX_DIMS, MEM_ALIGN, PAD
 from ggml_lite.types import blck_size, type_size
 
 def nelements(t):
@@ -35,7 +35,7 @@ def nbytes(t):
 
 def nbytes_pad(t):
     """ggml_nbytes_pad: nbytes rounded up to GGML_MEM_ALIGN."""
-    return _pad(nbytes(t), MEM_ALIGN)
+    return PAD(nbytes(t), MEM_ALIGN)
 
 
 def element_size(t):
