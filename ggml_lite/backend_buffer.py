@@ -6,12 +6,10 @@ __all__ = ['backend_buft_name', 'backend_buft_alloc_buffer', 'backend_buft_get_a
 # %% book/07a_backend_buffers.ipynb #buffer-imports
 import logging
 
-import numpy as np
-
 from ggml_lite.backend_impl import (TENSOR_ALIGNMENT, BackendBuffer, BackendBufferType, BackendBufferUsage,
                                     buffer_check_alive, tensor_buffer)
 from ggml_lite.context import address, aligned_zeros, tensor_check_alive
-from ggml_lite.core import GGMLError, require
+from ggml_lite.core import GGMLError, as_bytes, require
 from ggml_lite.tensor import nbytes
 
 _log = logging.getLogger("ggml_lite.backend")
@@ -316,8 +314,7 @@ def backend_cpu_buffer_from_ptr(ptr, size):
     of at least size bytes. The buffer keeps it alive; freeing the buffer does not free it.
     """
     where = "backend_cpu_buffer_from_ptr"
-    arr = ptr.reshape(-1).view(np.uint8) if isinstance(ptr, np.ndarray) else np.frombuffer(ptr, np.uint8)
-    require(arr.flags.c_contiguous and arr.flags.writeable, where, "the memory must be C-contiguous and writable")
+    arr = as_bytes(ptr, where, writable=True, what="the memory")     # the caller's bytes, never a copy
     require(address(arr) % TENSOR_ALIGNMENT == 0, where,
             f"buffer pointer must be aligned to {TENSOR_ALIGNMENT} bytes "
             f"(its address % {TENSOR_ALIGNMENT} = {address(arr) % TENSOR_ALIGNMENT})")

@@ -140,6 +140,10 @@ def test_buffer_from_ptr_wraps_caller_memory():
         ggml.backend_cpu_buffer_from_ptr(mem[1:], 16)
     with pytest.raises(GGMLError, match="holds"):
         ggml.backend_cpu_buffer_from_ptr(mem, 1000)
+    with pytest.raises(GGMLError, match="writable, C-contiguous"):     # a copy would take the writes
+        ggml.backend_cpu_buffer_from_ptr(mem.reshape(4, 32)[:, :16], 64)
+    with pytest.raises(GGMLError, match="writable"):
+        ggml.backend_cpu_buffer_from_ptr(bytes(128), 64)
 
 
 def test_abstract_interfaces_refuse_missing_members():
