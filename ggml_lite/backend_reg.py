@@ -20,7 +20,7 @@ _log = logging.getLogger("ggml_lite.backend")
 
 # %% book/07d_backend_registry.ipynb #backend-registry
 _ENTRY_POINT_GROUP = "ggml_lite.backends"
-_SHIPPED = ("blas", "cuda", "cpu")          # ggml's load_all order, of the backends ggml_lite has
+_SHIPPED = ("blas", "cuda", "rpc", "cpu")   # ggml's load_all order, of the backends ggml_lite has
 _ENV_PATH = "GGML_LITE_BACKEND_PATH"
 
 
@@ -142,7 +142,7 @@ def backend_unload(reg):
 
 def backend_load_all():
     """ggml_backend_load_all: register every backend that can run here: the shipped ones (BLAS,
-    CUDA, CPU), then the entry points of group "ggml_lite.backends", then $GGML_LITE_BACKEND_PATH.
+    CUDA, RPC, CPU), then the entry points of group "ggml_lite.backends", then $GGML_LITE_BACKEND_PATH.
     Silent: what was skipped, and why, is logged at DEBUG (logger "ggml_lite.backend")."""
     for name in _SHIPPED:
         _load_shipped(name)
