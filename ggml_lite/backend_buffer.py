@@ -217,8 +217,9 @@ def backend_multi_buffer_set_usage(buffer, usage):
         backend_buffer_set_usage(b, usage)
 
 # %% book/07a_backend_buffers.ipynb #backend-cpu-buffer
-class _CPUBuffer(BackendBuffer):
-    """A CPU buffer: host memory as a uint8 array; tensors live at base + offset."""
+class HostBuffer(BackendBuffer):
+    """A CPU buffer: host memory as a uint8 array; tensors live at base + offset. Other host
+    buffer types (CUDA's pinned memory) are this buffer with another free_buffer, as in ggml."""
 
     def __init__(self, buft, size, memory):
         super().__init__(buft, size)
@@ -289,7 +290,7 @@ class _CPUBufferType(BackendBufferType):
         return self._name
 
     def alloc_buffer(self, size):
-        return _CPUBuffer(self, size, aligned_zeros(size, 64))
+        return HostBuffer(self, size, aligned_zeros(size, 64))
 
     def get_alignment(self):
         return TENSOR_ALIGNMENT
@@ -320,7 +321,7 @@ def backend_cpu_buffer_from_ptr(ptr, size):
             f"(its address % {TENSOR_ALIGNMENT} = {address(arr) % TENSOR_ALIGNMENT})")
     size = int(size)
     require(0 < size <= arr.nbytes, where, f"size = {size}, the memory holds {arr.nbytes} bytes")
-    return _CPUBuffer(_CPU_MAPPED_BUFFER_TYPE, size, arr[:size])
+    return HostBuffer(_CPU_MAPPED_BUFFER_TYPE, size, arr[:size])
 
 # %% book/07a_backend_buffers.ipynb #backend-tensor-alloc
 def backend_tensor_alloc(buffer, tensor, addr):

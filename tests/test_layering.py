@@ -38,8 +38,6 @@ ALLOWED = {
         "owned by chapter 06, being edited",
     ("too-long", "sched", ""):
         "owned by chapter 09 (sched), being written",
-    ("too-long", "backends.cuda.backend", ""):
-        "owned by chapter 11 (cuda), being written",
     ("too-long", "backends.rpc.backend", ""):
         "chapter 10 (rpc): wire format, server and client in one module, to be split into a package",
 }

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ggml_lite.backend_buffer import HostBuffer
 from ggml_lite.backend import (TENSOR_ALIGNMENT, Backend, BackendBuffer, BackendBufferType, BackendBufferUsage,
                                BackendDevCaps, BackendDevice, BackendDevProps, BackendDevType, BackendEvent,
                                BackendReg, guid_matches)
@@ -198,47 +199,16 @@ class CUDAHostBufferType(BackendBufferType):
         return True
 
 # %% book/11_cuda.ipynb #cuda-host-buffer-class
-class _CUDAHostBuffer(BackendBuffer):
-    """Host memory as a uint8 array over the pinned allocation (the protocol host buffers share:
-    _host_array, which the tensor and backend chapters read host tensors through)."""
+class _CUDAHostBuffer(HostBuffer):
+    """Pinned host memory: a CPU buffer over the cudaMallocHost allocation whose free releases
+    the pinning (ggml-cuda.cu: ggml_backend_cpu_buffer_from_ptr, then free_buffer replaced)."""
 
     def __init__(self, buft, size, memory):
-        super().__init__(buft, size)
+        super().__init__(buft, size, np.frombuffer(memory, np.uint8, size))
         self._pinned = memory
-        self._memory = np.frombuffer(memory, np.uint8, size)
-
-    def _host_array(self):
-        if self._memory is None:
-            raise GGMLError(f"host access: the {self.buft.get_name()} buffer of {self.size} bytes was freed")
-        return self._memory
 
     def free_buffer(self):
         self._memory = self._pinned = None
-
-    def get_base(self):
-        return self._memory.ctypes.data
-
-    def _start(self, tensor, offset, size, where):
-        start = tensor.data - self._memory.ctypes.data + offset
-        if start < 0 or start + size > self.size:
-            raise GGMLError(f"{where}: tensor '{tensor.name}' is not inside this {self.buft.get_name()} "
-                            f"buffer of {self.size} bytes")
-        return start
-
-    def memset_tensor(self, tensor, value, offset, size):
-        start = self._start(tensor, offset, size, "memset_tensor")
-        self._memory[start:start + size] = value
-
-    def set_tensor(self, tensor, data, offset, size):
-        start = self._start(tensor, offset, size, "set_tensor")
-        self._memory[start:start + size] = data[:size]
-
-    def get_tensor(self, tensor, data, offset, size):
-        start = self._start(tensor, offset, size, "get_tensor")
-        data[:size] = self._memory[start:start + size]
-
-    def clear(self, value):
-        self._memory[:] = value
 
 # %% book/11_cuda.ipynb #cuda-cpy-async
 def _cuda_cpy_tensor_async(backend_src, backend_dst, src, dst):
