@@ -693,7 +693,7 @@ class _Native:
 
     def compute(self, tp, cplan):
         st = self.state
-        st[P.ABORT], st[P.N_BARRIER], st[P.N_THREADS] = 0, 0, tp.n_threads
+        st[P.ABORT], st[P.STOPPED], st[P.N_BARRIER], st[P.N_THREADS] = 0, 0, 0, tp.n_threads
         st[P.HAS_ABORT] = cplan.abort_callback is not None
         self.cplan = cplan
         try:
@@ -703,8 +703,8 @@ class _Native:
         if self.errors:
             errors, self.errors = self.errors, []
             raise min(errors, key=lambda e: e[0])[1]
-        if st[P.ABORT] > 0:
-            cplan.aborted_at = int(st[P.ABORT])
+        if st[P.STOPPED] > 0:
+            cplan.aborted_at = int(st[P.STOPPED])
 
 # %% book/06_cpu_compute.ipynb #b8164e4e
 import weakref

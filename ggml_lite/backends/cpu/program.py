@@ -5,22 +5,16 @@ __all__ = ['graph_compute_thread']
 
 # %% book/06_cpu_compute.ipynb #native-atomics
 import platform
-import warnings
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, objmode, types
 from numba.core import cgutils
-from numba.core.errors import NumbaWarning
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 from ggml_lite.backends.cpu import kernels as K
 from ggml_lite.backends.cpu import vec as V
-
-# numba says that a function with an objmode block "won't allow parallel execution despite
-# nogil=True": true of the block (it takes the GIL), not of the rest of the loop.
-warnings.filterwarnings("ignore", message="Code running in object mode", category=NumbaWarning)
 
 
 def _item(context, builder, arrty, arr, idx):
@@ -94,8 +88,8 @@ def sched_yield(typingctx):
 
 # %% book/06_cpu_compute.ipynb #native-barrier
 # The state every worker of one program shares: int64 slots, each on its own cache line.
-N_BARRIER, N_BARRIER_PASSED, ABORT, CURRENT_CHUNK, N_THREADS, HAS_ABORT = 0, 8, 16, 24, 32, 40
-STATE_SIZE = 48
+N_BARRIER, N_BARRIER_PASSED, ABORT, CURRENT_CHUNK, N_THREADS, HAS_ABORT, STOPPED = 0, 8, 16, 24, 32, 40, 48
+STATE_SIZE = 56
 SPINS_BEFORE_YIELD = 1 << 12
 
 
@@ -178,14 +172,16 @@ def _python_abort(slot):
     return PROGRAMS[slot].ask_abort()
 
 
-@njit(cache=True, nogil=True)
+# No nogil=True on these two: they are only called from compiled code (which released the GIL
+# when Python called it); the objmode block takes the GIL back for the call.
+@njit(cache=True)
 def _call_python_task(slot, k, ith, nth):
     with objmode(r="int64"):                      # takes the GIL for this one task
         r = _python_task(slot, k, ith, nth)
     return r
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _call_abort(slot):
     with objmode(r="int64"):
         r = _python_abort(slot)
@@ -238,21 +234,26 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
 def graph_compute_thread(prog, fp, state, owner, slot, ith):
     """ggml_graph_compute_thread: every thread walks every task of the program, meeting the
     others at a barrier before a task that several threads share (and after one). A failure or
-    an abort is written to state[ABORT] before the next barrier and read right after it, so all
-    threads leave together, at the same barrier: none is left waiting."""
+    an abort in task k writes k + 1 to state[ABORT] before the next barrier; after the barrier
+    before task j, a thread leaves if ABORT is in 1..j, i.e. was written before that barrier.
+    So all threads leave at the same barrier, and none is left waiting (ggml's threadpool->abort
+    holds a node number for the same reason)."""
     shared_before = False
     for k in range(prog.shape[0]):
         nth = prog[k, NTH]
         shared = nth > 1
         if shared or shared_before:
             barrier(state)
-            if atomic_load(state, ABORT) != 0:
+            stop = atomic_load(state, ABORT)
+            if stop != 0 and stop <= k:
                 return
         if ith < nth and atomic_load(state, ABORT) == 0:
             if run_task(prog, fp, k, ith, nth, state, owner, slot) != 0:
-                atomic_store(state, ABORT, -1)                     # failed: stop at the next barrier
+                atomic_store(state, STOPPED, -1)                   # failed: stop at the next barrier
+                atomic_store(state, ABORT, k + 1)
         if ith == 0 and state[HAS_ABORT] != 0 and atomic_load(state, ABORT) == 0:
             asked = _call_abort(slot)
             if asked != 0:
-                atomic_store(state, ABORT, prog[k, NODE] + 1 if asked == 1 else -1)
+                atomic_store(state, STOPPED, prog[k, NODE] + 1 if asked == 1 else -1)
+                atomic_store(state, ABORT, k + 1)
         shared_before = shared
