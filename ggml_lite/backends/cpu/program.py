@@ -13,8 +13,37 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
-from ggml_lite.backends.cpu import kernels as K
-from ggml_lite.backends.cpu import vec as V
+import hashlib
+from pathlib import Path
+
+
+def _drop_stale_cache():
+    """numba keys a cached function by its own source file only, yet the loop's cached machine
+    code contains the kernels it calls: after a kernel changes, the old copy would run. So the
+    cache files of this module are dropped whenever the kernels' sources differ from last time.
+    (Only the cache in __pycache__ next to the module is looked after.)"""
+    here = Path(__file__).resolve()
+    deps = [here.with_name(f) for f in ("kernels.py", "vec.py", "simd.py")] + [here.parents[2] / "types.py"]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
+    cache, stamp = here.parent / "__pycache__", here.parent / "__pycache__" / "program.deps"
+    try:
+        old = stamp.read_text()
+    except OSError:
+        old = None
+    if old == digest:
+        return
+    try:
+        for f in cache.glob("program.*.nb[ic]"):
+            f.unlink()
+        stamp.write_text(digest)
+    except OSError:
+        pass                                   # no cache here, or not writable: nothing to drop
+
+
+_drop_stale_cache()
+
+from ggml_lite.backends.cpu import kernels as K  # noqa: E402
+from ggml_lite.backends.cpu import vec as V  # noqa: E402
 
 
 def _item(context, builder, arrty, arr, idx):
