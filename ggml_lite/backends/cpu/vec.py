@@ -13,7 +13,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.kernels import _F16_TABLE, _quantize_row
-from ggml_lite.backends.cpu.simd import vcat, vdot, vfloat, vi8, vload, vload_f16, vsum, vzero
+from ggml_lite.backends.cpu.simd import vcat, vdot, vfloat, vi8, vload, vload_f16, vsplat2, vsum, vzero
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,
                              get_scale_min_k4, get_type_traits, row_size, type_name, type_size)
@@ -143,27 +143,32 @@ def vec_dot_q4_K_q8_K(n, x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q6_K_q8_K(n, x, y):
-    """ggml_vec_dot_q6_K_q8_K: 6-bit codes (4 bits in ql, 2 in qh) minus 32, times q8 in pairs,
-    each sub-block of 16 weighted by its int8 scale, in 8 int32 lanes; d*yd at the end."""
-    acc = vzero(np.float32, 8)
+    """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql twice and 32 of
+    qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs and by
+    their sub-blocks' scales (two per vector, vsplat2) into 16 int32 lanes. The codes' offset of
+    32 is taken off once per super-block through y's bsums: 32 * sum_g(bsums_g * scale_g)."""
+    acc, offsets = vzero(np.float32, 16), np.float32(0.0)
     for ib in range(n // 256):
         xo, yo = ib * 210, ib * 292
-        sumi = vzero(np.int32, 8)
-        for h in range(2):               # two halves of 128 elements
+        sumi = vzero(np.int32, 16)
+        for h in range(2):
             ql, qh, sc, q8 = xo + 64 * h, xo + 128 + 32 * h, xo + 192 + 8 * h, yo + 4 + 128 * h
-            for g in range(2):           # l in [16g, 16g+16): elements l, l+32, l+64, l+96
-                a, b, c = vload(x, ql + 16 * g, 16), vload(x, ql + 32 + 16 * g, 16), vload(x, qh + 16 * g, 16)
-                q1 = vi8(((a & 15) | ((c & 3) << 4)) - 32)
-                q2 = vi8(((b & 15) | ((c & 12) << 2)) - 32)
-                q3 = vi8(((a >> 4) | (c & 48)) - 32)
-                q4 = vi8(((b >> 4) | ((c >> 2) & 48)) - 32)
-                l = q8 + 16 * g
-                sumi += (vdot(q1, vload(y, l, 16)) * np.int8(x[sc + g])
-                         + vdot(q2, vload(y, l + 32, 16)) * np.int8(x[sc + g + 2])
-                         + vdot(q3, vload(y, l + 64, 16)) * np.int8(x[sc + g + 4])
-                         + vdot(q4, vload(y, l + 96, 16)) * np.int8(x[sc + g + 6]))
-        acc += vfloat(sumi) * (_h(x, xo + 208) * _f(y, yo))
-    return vsum(acc)
+            b1, b2, c = vload(x, ql, 32), vload(x, ql + 32, 32), vload(x, qh, 32)
+            q0 = (b1 & 15) | ((c & 3) << 4)            # elements 0..31 of the half
+            q1 = (b2 & 15) | ((c & 12) << 2)           # 32..63
+            q2 = (b1 >> 4) | (c & 48)                  # 64..95
+            q3 = (b2 >> 4) | ((c >> 2) & 48)           # 96..127
+            sumi += (vdot(q0, vload(y, q8, 32)) * vsplat2(np.int8(x[sc]), np.int8(x[sc + 1]), 16)
+                     + vdot(q1, vload(y, q8 + 32, 32)) * vsplat2(np.int8(x[sc + 2]), np.int8(x[sc + 3]), 16)
+                     + vdot(q2, vload(y, q8 + 64, 32)) * vsplat2(np.int8(x[sc + 4]), np.int8(x[sc + 5]), 16)
+                     + vdot(q3, vload(y, q8 + 96, 32)) * vsplat2(np.int8(x[sc + 6]), np.int8(x[sc + 7]), 16))
+        corr = 0
+        for g in range(16):                            # sub-block g of 16: scale g, bsums g
+            corr += np.int32(_i16(y, yo + 260 + 2 * g)) * np.int32(np.int8(x[xo + 192 + g]))
+        d = _h(x, xo + 208) * _f(y, yo)
+        acc += vfloat(sumi) * d
+        offsets += np.float32(32 * corr) * d
+    return vsum(acc) - offsets
 
 # %% book/05_cpu_kernels.ipynb #kern-traits
 @dataclass(frozen=True)
