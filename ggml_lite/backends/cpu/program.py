@@ -16,16 +16,18 @@ from numba.np.arrayobj import populate_array
 import hashlib
 from pathlib import Path
 
+import ggml_lite.backends.cpu
+
 
 def _drop_stale_cache():
     """numba keys a cached function by its own source file only, yet the loop's cached machine
     code contains the kernels it calls: after a kernel changes, the old copy would run. So the
     cache files of this module are dropped whenever the kernels' sources differ from last time.
     (Only the cache in __pycache__ next to the module is looked after.)"""
-    here = Path(__file__).resolve()
-    deps = [here.with_name(f) for f in ("kernels.py", "vec.py", "simd.py")] + [here.parents[2] / "types.py"]
+    here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
+    deps = [here / f for f in ("kernels.py", "vec.py", "simd.py")] + [here.parents[1] / "types.py"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
-    cache, stamp = here.parent / "__pycache__", here.parent / "__pycache__" / "program.deps"
+    cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
     try:
         old = stamp.read_text()
     except OSError:
