@@ -126,8 +126,9 @@ SPINS_BEFORE_YIELD = 1 << 12
 
 @njit(cache=True, nogil=True)
 def barrier(state):
-    """ggml_barrier: the last of n_threads to arrive resets the count and bumps n_barrier_passed;
-    the others spin until it moves. Every step a sequentially consistent atomic, as in ggml.
+    """ggml_barrier (as built without OpenMP): the last of n_threads to arrive resets the count and
+    bumps n_barrier_passed; the others spin until it moves. ggml makes the loads relaxed and puts
+    sequentially consistent fences around them; here every access is sequentially consistent.
     Unlike ggml, a waiter yields its core every SPINS_BEFORE_YIELD spins: on a machine with
     more threads than cores, the thread it waits for may need that core."""
     n_threads = state[N_THREADS]
