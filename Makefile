@@ -9,7 +9,7 @@ export PYTHONHASHSEED := 0
 CHAPTERS = $(shell $(PYTHON) tools/tangle.py --list)
 NB ?= $(CHAPTERS)
 
-.PHONY: help venv book test tangle check outputs bench clean
+.PHONY: help venv book test tangle check outputs bench lab clean
 
 help:
 	@echo "make book     build the HTML book into _build/html"
@@ -17,6 +17,7 @@ help:
 	@echo "make tangle   write ggml_lite/ from the chapters"
 	@echo "make outputs  re-execute chapters in place (all, or NB=book/NN_x.ipynb)"
 	@echo "make bench    run the benchmarks in bench/ and write bench/results/*.json"
+	@echo "make lab      open the chapters in JupyterLab, from the project's .venv"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +54,10 @@ outputs: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/run.py
+
+lab: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[lab]'
+	$(VENV)/bin/jupyter lab --notebook-dir=book
 
 clean:
 	rm -rf _build

@@ -21,7 +21,8 @@ from ggml_lite.backend import (BackendBufferUsage, BackendDevType, backend_buffe
                                backend_offload_op, backend_supports_buft, backend_supports_op,
                                backend_synchronize, backend_tensor_copy)
 from ggml_lite.core import GGMLError, Status
-from ggml_lite.graph import CGraph, graph_overhead_custom, graph_view, hash_size
+from ggml_lite.graph import CGraph, graph_next_uid, graph_overhead_custom, graph_view, hash_size
+from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_desc, op_name
 from ggml_lite.tensor import (TENSOR_SIZE, TensorFlag, dup_tensor, format_name, free, init,
                               nbytes, set_input, set_output, view_tensor)
@@ -34,7 +35,6 @@ SCHED_MAX_BACKENDS = 16        # GGML_SCHED_MAX_BACKENDS
 SCHED_MAX_SPLIT_INPUTS = 30    # GGML_SCHED_MAX_SPLIT_INPUTS: inputs of one split, and graph inputs
 SCHED_MAX_COPIES = 4           # GGML_SCHED_MAX_COPIES: copies of every input when parallel
 
-_VIEW_OPS = (Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE)     # ggml_is_view_op: no NONE
 
 
 class BackendSchedSplit:
@@ -252,7 +252,7 @@ def _expand(sched, graph, backward, skip_cpu):
     cur = -1
     for i in order:
         node = graph.nodes[i]
-        if node.op in _VIEW_OPS:
+        if is_view_op(node.op):
             continue
         node_id = _tensor_backend_id(sched, node)
         if node_id != -1:
@@ -286,7 +286,7 @@ def _pass3_upgrade(sched, graph):
     """Pass 3: an unassigned node goes to the backend supporting it and most of its srcs; an
     assigned one moves up to a higher-priority backend with the *same* buffer type if it can."""
     for node in graph.nodes:
-        if node.op in _VIEW_OPS:
+        if is_view_op(node.op):
             continue
         node_id = _tensor_backend_id(sched, node)
         srcs = [s for s in node.src if s is not None]
@@ -378,12 +378,12 @@ def _needs_new_split(sched, node, split, cur):
 def _pass5_splits(sched, graph):
     """Pass 5: cut the node array where the backend changes; copy the srcs a split cannot use
     into its backend, rewriting node.src[j] to the copy (cur_copy)."""
-    first = next((n for n in graph.nodes if n.op not in _VIEW_OPS), None)
+    first = next((n for n in graph.nodes if not is_view_op(n.op)), None)
     split = BackendSchedSplit(_tensor_backend_id(sched, first) if first is not None else 0, 0)
     sched.splits = [split]
     cur = split.backend_id
     for i, node in enumerate(graph.nodes):
-        if node.op in _VIEW_OPS:
+        if is_view_op(node.op):
             continue
         node_id = _tensor_backend_id(sched, node)
         if node_id != cur or _needs_new_split(sched, node, split, cur):
@@ -469,6 +469,7 @@ def backend_sched_split_graph(sched, graph):
     free(sched.ctx)
     sched.ctx = init(sched.context_buffer_size, sched.context_buffer, True)
     sched.last_copies = {}
+    graph.uid = graph_next_uid()
     try:
         _pass1_preassign(sched, graph)
         _pass2_expand(sched, graph)
@@ -478,6 +479,8 @@ def backend_sched_split_graph(sched, graph):
         if sched.debug:
             _log.debug("%s", _assignments_text(sched, graph, sched.debug, False))
         _build_graph_copy(sched, graph)
+        for split in sched.splits:          # a fresh id per split graph, as ggml 0.15.3 sets them
+            split.graph.uid = graph_next_uid()
     except GGMLError:
         sched.splits, sched.is_alloc = [], False
         raise
@@ -521,7 +524,7 @@ def _assignments_text(sched, graph, level, causes):
                 line += ": " + "".join(f"[{t.name} ({_fmt_size(nbytes(t)):>5.5})] " for t in split.inputs)
             out.append(line + "\n")
             cur_split += 1
-        if node.op in _VIEW_OPS or level < 2:
+        if is_view_op(node.op) or level < 2:
             continue
         use = graph.use_counts.get(id(node), 0)
         compute = 1 if node.flags & TensorFlag.COMPUTE else 0
@@ -549,7 +552,7 @@ def draw_sched_splits(sched, graph, ax=None, title=None):
     where = {id(n): i for i, n in enumerate(graph.nodes)}
     for i, node in enumerate(graph.nodes):
         b = _tensor_backend_id(sched, node)
-        view = node.op in _VIEW_OPS
+        view = is_view_op(node.op)
         ax.add_patch(Rectangle((i, 0), 1, 1, facecolor=colour.get(b, "white"), edgecolor="white",
                                alpha=0.35 if view else 1.0))
     for k, split in enumerate(sched.splits):

@@ -101,7 +101,7 @@ def test_cpu_buffer_base_alignment_and_clear():
     assert ggml.backend_buffer_get_base(buf) % ggml.TENSOR_ALIGNMENT == 0
     assert ggml.backend_buffer_get_size(buf) == 100 and ggml.backend_buffer_is_host(buf)
     ggml.backend_buffer_clear(buf, 7)
-    assert (buf._host_array()[:100] == 7).all()
+    assert (buf.host_array()[:100] == 7).all()
     with pytest.raises(GGMLError, match="not a byte"):
         ggml.backend_buffer_clear(buf, 256)
     ggml.backend_buffer_free(buf)
@@ -140,6 +140,10 @@ def test_buffer_from_ptr_wraps_caller_memory():
         ggml.backend_cpu_buffer_from_ptr(mem[1:], 16)
     with pytest.raises(GGMLError, match="holds"):
         ggml.backend_cpu_buffer_from_ptr(mem, 1000)
+    with pytest.raises(GGMLError, match="writable, C-contiguous"):     # a copy would take the writes
+        ggml.backend_cpu_buffer_from_ptr(mem.reshape(4, 32)[:, :16], 64)
+    with pytest.raises(GGMLError, match="writable"):
+        ggml.backend_cpu_buffer_from_ptr(bytes(128), 64)
 
 
 def test_abstract_interfaces_refuse_missing_members():
@@ -499,7 +503,7 @@ def test_events_and_async_defaults():
     assert ev.context == {"recorded": 1, "waited": 1, "synced": True}
     ggml.backend_event_free(ev)
     assert ggml.backend_event_new(None) is None
-    assert ggml.backend_graph_compute(be, None) == ggml.Status.SUCCESS and be.synced == 1
+    assert ggml.backend_graph_compute(be, ggml.new_graph(nctx())) == ggml.Status.SUCCESS and be.synced == 1
     # the default async copies are blocking ones, with the same checks
     _, _, (a, b) = placed((4, 1), (4, 1))
     ggml.backend_tensor_set_async(be, a, np.arange(4, dtype=np.float32))
@@ -523,7 +527,7 @@ def test_backend_without_events_says_so():
     with pytest.raises(GGMLError, match="no events"):
         ggml.backend_event_record(ggml.BackendEvent(be.device), be)
     with pytest.raises(MemoryError, match="ran out"):     # not a status: ggml lets bad_alloc out too
-        ggml.backend_graph_compute(be, None)
+        ggml.backend_graph_compute(be, ggml.new_graph(nctx()))
 
 
 # --- registry and loading ----------------------------------------------------------------------
@@ -1069,3 +1073,153 @@ def test_cpu_and_blas_agree_on_a_shared_graph():
     ggml.backend_graph_compute(cpu, ggml.graph_view(gf, 1, 2))
     assert nmse(ggml.backend_tensor_get(y), ref) < 1e-10
 
+
+
+# --- the layer's shape: one face, the host base, the entry-point checks ---------------------------
+
+# Every name ggml_lite.backend offered before it was split along ggml's files (the later chapters
+# and other packages import them from there).
+FACE_NAMES = """
+BACKEND_API_VERSION SIZE_MAX TENSOR_ALIGNMENT Backend BackendBuffer BackendBufferType BackendBufferUsage
+BackendDevCaps BackendDevProps BackendDevType BackendDevice BackendEvent BackendReg Tallocr
+backend_alloc_buffer backend_alloc_ctx_tensors backend_alloc_ctx_tensors_from_buft
+backend_alloc_ctx_tensors_from_buft_size backend_buffer_clear backend_buffer_free backend_buffer_get_alignment
+backend_buffer_get_alloc_size backend_buffer_get_base backend_buffer_get_max_size backend_buffer_get_size
+backend_buffer_get_type backend_buffer_get_usage backend_buffer_init_tensor backend_buffer_is_host
+backend_buffer_is_multi_buffer backend_buffer_name backend_buffer_reset backend_buffer_set_usage
+backend_buft_alloc_buffer backend_buft_get_alignment backend_buft_get_alloc_size backend_buft_get_device
+backend_buft_get_max_size backend_buft_is_host backend_buft_name backend_cpu_buffer_from_ptr
+backend_cpu_buffer_type backend_dev_backend_reg backend_dev_buffer_from_host_ptr backend_dev_buffer_type
+backend_dev_by_name backend_dev_by_type backend_dev_count backend_dev_description backend_dev_get
+backend_dev_get_props backend_dev_host_buffer_type backend_dev_init backend_dev_memory backend_dev_name
+backend_dev_offload_op backend_dev_supports_buft backend_dev_supports_op backend_dev_type
+backend_device_register backend_event_free backend_event_new backend_event_record backend_event_synchronize
+backend_event_wait backend_free backend_get_alignment backend_get_default_buffer_type backend_get_device
+backend_get_max_size backend_graph_compute backend_graph_compute_async backend_graph_optimize backend_guid
+backend_init_best backend_init_by_name backend_init_by_type backend_load backend_load_all
+backend_multi_buffer_alloc_buffer backend_multi_buffer_set_usage backend_name backend_offload_op
+backend_reg_by_name backend_reg_count backend_reg_dev_count backend_reg_dev_get backend_reg_get
+backend_reg_get_proc_address backend_reg_name backend_register backend_supports_buft backend_supports_op
+backend_synchronize backend_tensor_alloc backend_tensor_copy backend_tensor_copy_async backend_tensor_get
+backend_tensor_get_async backend_tensor_memset backend_tensor_set backend_tensor_set_async backend_unload
+backend_view_init guid_matches tallocr_alloc tallocr_new _registry
+""".split()
+
+
+def test_every_name_of_the_backend_face_is_still_there():
+    missing = [n for n in FACE_NAMES if not hasattr(gb, n)]
+    assert not missing
+    assert all(getattr(gb, n) is getattr(ggml, n) for n in FACE_NAMES if not n.startswith("_"))
+
+
+def test_host_array_is_the_public_hook_and_the_older_name_still_serves():
+    buf = ggml.backend_buft_alloc_buffer(ggml.backend_cpu_buffer_type(), 64)
+    assert buf.host_array() is buf._host_array()
+    assert not hasattr(DeviceBuffer(ggml.backend_cpu_buffer_type(), 8), "host_array")   # no host view
+
+    class OlderHostType(DeviceBufferType):                # a host buffer offering only _host_array
+        def is_host(self):
+            return True
+
+        def alloc_buffer(self, size):
+            b = DeviceBuffer(self, size)
+            raw = np.zeros(size + 64, np.uint8)
+            b.mem = raw[(-raw.ctypes.data) % 64:][:size]
+            b.base = b.mem.ctypes.data
+            b._host_array = lambda: b.mem
+            return b
+    ctx = nctx()
+    src = ggml.new_tensor_1d(ctx, Type.F32, 4)
+    dst = ggml.new_tensor_1d(ctx, Type.F32, 4)
+    ggml.backend_alloc_ctx_tensors_from_buft(ctx, OlderHostType())
+    ggml.backend_tensor_set(src, np.arange(4, dtype=np.float32))
+    cctx = nctx()
+    cpu_dst = ggml.new_tensor_1d(cctx, Type.F32, 4)
+    ggml.backend_alloc_ctx_tensors_from_buft(cctx, ggml.backend_cpu_buffer_type())
+    ggml.backend_tensor_copy(src, cpu_dst)                # host source: read through _host_array
+    assert (cpu_dst.numpy() == np.arange(4)).all() and (src.numpy() == np.arange(4)).all()
+
+
+def test_host_device_base_and_single_device_reg():
+    from ggml_lite.backends.host import HostDevice, SingleDeviceReg
+
+    class Tiny(HostDevice):
+        def get_name(self):
+            return "TINY"
+
+        def get_description(self):
+            return "tiny"
+
+        def get_memory(self):
+            return 1, 2
+
+        def get_type(self):
+            return ggml.BackendDevType.ACCEL
+
+        def init_backend(self, params=None):
+            return None
+
+        def supports_op(self, op):
+            return False
+    marker = object()
+    reg = SingleDeviceReg("TINY", Tiny, {"ggml_tiny_thing": marker})
+    dev = ggml.backend_reg_dev_get(reg, 0)
+    assert dev.reg is reg and ggml.backend_reg_dev_count(reg) == 1 and ggml.backend_reg_name(reg) == "TINY"
+    assert ggml.backend_reg_get_proc_address(reg, "ggml_tiny_thing") is marker
+    assert ggml.backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") is None
+    props = ggml.backend_dev_get_props(dev)
+    assert (props.memory_free, props.memory_total, props.type) == (1, 2, ggml.BackendDevType.ACCEL)
+    assert props.caps == ggml.BackendDevCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True,
+                                             events=False)
+    assert ggml.backend_dev_buffer_type(dev) is ggml.backend_cpu_buffer_type()
+    assert ggml.backend_dev_supports_buft(dev, ggml.backend_cpu_buffer_type())
+    assert not ggml.backend_dev_supports_buft(dev, DeviceBufferType())
+    with pytest.raises(GGMLError, match=r"index 1 out of range \[0, 1\)"):
+        reg.get_device(1)
+    # the CPU and BLAS devices are such host devices: same props shape, same buffer type
+    for r in (ggml.backend_cpu_reg(), ggml.backend_blas_reg()):
+        d = ggml.backend_reg_dev_get(r, 0)
+        assert isinstance(d, HostDevice) and isinstance(r, SingleDeviceReg)
+        assert ggml.backend_dev_get_props(d).caps == props.caps
+
+
+def _gone_graph():
+    """A graph over a context that owned its memory and was freed: its tensors are gone."""
+    ctx = ggml.init(mem_size=16 * ggml.tensor_overhead() + ggml.graph_overhead() + 1024)
+    a = ggml.new_tensor_1d(ctx, Type.F32, 4)
+    y = ggml.add(ctx, a, a)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    ggml.free(ctx)
+    return gf, a, y
+
+
+def test_entry_points_refuse_tensors_and_graphs_that_are_gone():
+    gf, a, y = _gone_graph()
+    cpu = ggml.backend_cpu_init()
+    blas = ggml.backend_blas_init()
+    for call in (lambda: ggml.backend_graph_compute(cpu, gf),
+                 lambda: cpu.graph_compute(gf),               # the members refuse too, not only the API
+                 lambda: blas.graph_compute(gf),
+                 lambda: ggml.backend_graph_compute_async(cpu, gf),
+                 lambda: ggml.backend_supports_op(cpu, y),
+                 lambda: ggml.backend_dev_supports_op(cpu.device, y),
+                 lambda: ggml.backend_tensor_get(a),
+                 lambda: ggml.backend_tensor_memset(a, 0),
+                 lambda: ggml.backend_tensor_copy(a, y),
+                 lambda: ggml.backend_tensor_copy_async(cpu, cpu, a, y),
+                 lambda: ggml.backend_view_init(a),
+                 lambda: ggml.backend_tensor_alloc(ggml.backend_alloc_buffer(cpu, 64), a, 0)):
+        with pytest.raises(GGMLError, match="is gone"):
+            call()
+
+
+def test_tallocr_and_alloc_ctx_refuse_tensors_that_are_gone():
+    ctx = nctx()
+    t = ggml.new_tensor_1d(ctx, Type.F32, 4)
+    buf = ggml.backend_buft_alloc_buffer(ggml.backend_cpu_buffer_type(), 64)
+    talloc = ggml.tallocr_new(buf)
+    ggml.free(ctx)
+    with pytest.raises(GGMLError, match="tallocr_alloc: .*is gone"):
+        ggml.tallocr_alloc(talloc, t)
+    assert talloc.offset == 0

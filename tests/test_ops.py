@@ -227,6 +227,10 @@ def _every_constructor(c, a, b, w, idx, pos, m, sq, h16):
         "glu": ggml.glu(c, a, GluOp.GEGLU, True), "glu_split": ggml.glu_split(c, a, a, GluOp.REGLU),
         "swiglu": ggml.swiglu(c, a), "swiglu_split": ggml.swiglu_split(c, a, a),
         "geglu_split": ggml.geglu_split(c, a, a),
+        **{n: getattr(ggml, n)(c, a) for n in ("reglu", "reglu_swapped", "geglu", "geglu_swapped", "swiglu_swapped",
+                                                "geglu_erf", "geglu_erf_swapped", "geglu_quick", "geglu_quick_swapped")},
+        **{n: getattr(ggml, n)(c, a, a) for n in ("reglu_split", "geglu_erf_split", "geglu_quick_split")},
+        "swiglu_oai": ggml.swiglu_oai(c, a, a, 1.702, 7.0),
         "sum": ggml.sum(c, a), "sum_rows": ggml.sum_rows(c, a), "mean": ggml.mean(c, a),
         "repeat": ggml.repeat(c, b, a), "repeat_4d": ggml.repeat_4d(c, b, 8, 6, 4, 2),
         "concat": ggml.concat(c, a, a, 2),
@@ -486,3 +490,41 @@ def test_enum_arguments_outside_ggml_enums_are_refused():
                        (lambda: ggml.mul_mat_set_prec(ggml.mul_mat(ctx, a, a), 3), "3 is not a Prec")]:
         with pytest.raises(GGMLError, match=text):
             call()
+
+
+# --- the GLU family of ggml.h, against real ggml (tests/data/glu_ctor_ref.json) -------------------
+
+GLU_CTOR_REF = json.loads((Path(__file__).parent / "data" / "glu_ctor_ref.json").read_text())["constructors"]
+
+
+@pytest.mark.parametrize("name", sorted(GLU_CTOR_REF))
+def test_glu_constructor_records_what_ggml_records(name):
+    ctx = ggml.init(1 << 20)
+    if name.endswith("_split") or name == "swiglu_oai":
+        a, b = (ggml.new_tensor_2d(ctx, Type.F32, 4, 3) for _ in range(2))
+        args = (a, b, 1.702, 7.0) if name == "swiglu_oai" else (a, b)
+    else:
+        args = (ggml.new_tensor_2d(ctx, Type.F32, 8, 3),)
+    r = getattr(ggml, name)(ctx, *args)
+    want = GLU_CTOR_REF[name]
+    assert (int(r.op), list(r.ne)) == (want["op"], want["ne"])
+    assert [int(w) & 0xFFFFFFFF for w in r.op_params[:4]] == want["op_params"]
+    ggml.free(ctx)
+
+
+def test_swiglu_oai_computes_ggmls_formula():
+    rng = np.random.default_rng(7)
+    ctx = ggml.init(1 << 20)
+    a, b = (ggml.new_tensor_2d(ctx, Type.F32, 16, 3) for _ in range(2))
+    x, y = (rng.uniform(-12, 12, (3, 16)).astype(np.float32) for _ in range(2))
+    a.numpy()[...] = x
+    b.numpy()[...] = y
+    out = ggml.swiglu_oai(ctx, a, b, 1.702, 7.0)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, out)
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    xc = np.minimum(x, np.float32(7.0))
+    want = xc / (np.float32(1) + np.exp(np.float32(1.702) * -xc)) * (np.clip(y, -7, 7) + np.float32(1))
+    got = out.numpy()
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-12
+    ggml.free(ctx)

@@ -614,3 +614,57 @@ def test_a_view_of_a_tensor_whose_memory_is_gone_is_refused():
                                         r"its context was freed"):
         ggml.get_f32_1d(v, 0)
     assert not ggml.tensor_is_alive(v)
+
+
+# --- core's checks, which every layer (the pool first) uses ----------------------------------------
+
+from ggml_lite.core import as_bytes, check_index, require  # noqa: E402
+from ggml_lite.graph import GraphFullError  # noqa: E402
+
+
+def test_require_says_where_what_and_the_numbers():
+    require(True, "f", "never formatted")
+    with pytest.raises(GGMLError, match=r"^mul_mat: GGML_ASSERT\(a\.ne\[0\] == b\.ne\[0\]\) failed: 3 != 4$"):
+        require(3 == 4, "mul_mat", "3 != 4", assertion="a.ne[0] == b.ne[0]")
+    with pytest.raises(GGMLError, match=r"^init: mem_size = -1 is negative$"):
+        require(False, "init", "mem_size = -1 is negative")
+    with pytest.raises(GraphFullError, match="full"):
+        require(False, "graph_add_node", "full", error=GraphFullError)
+    calls = []
+    require(True, "f", lambda: calls.append(1) or "x")      # a lazy message is built only on failure
+    assert calls == []
+    with pytest.raises(GGMLError, match="^f: built$"):
+        require(False, "f", lambda: "built")
+
+
+def test_check_index():
+    assert check_index(0, 1, "f", "x") == 0
+    for i in (-1, 3):
+        with pytest.raises(GGMLError, match=rf"^f: index {i} out of range \[0, 3\) for 'x'$"):
+            check_index(i, 3, "f", "'x'")
+
+
+def test_as_bytes_reads_any_bytes_and_writes_only_into_the_callers_memory():
+    a = np.arange(6, dtype=np.int16).reshape(2, 3)
+    assert as_bytes(a, "f").tobytes() == a.tobytes()
+    assert as_bytes(a.T, "f").tobytes() == np.ascontiguousarray(a.T).tobytes()   # C order, a copy
+    assert as_bytes(b"\x01\x02", "f").tolist() == [1, 2]
+    buf = bytearray(4)
+    as_bytes(buf, "f", writable=True)[1] = 7
+    assert buf[1] == 7
+    w = np.zeros(4, np.float32)
+    as_bytes(w, "f", writable=True)[0:4] = np.frombuffer(np.float32(1.5).tobytes(), np.uint8)
+    assert w[0] == 1.5
+    with pytest.raises(GGMLError, match="^f: data must be writable"):
+        as_bytes(b"ab", "f", writable=True)
+    with pytest.raises(GGMLError, match="^f: mem_buffer must be a writable, C-contiguous array"):
+        as_bytes(a.T, "f", writable=True, what="mem_buffer")
+    with pytest.raises(GGMLError, match="^f: data must be a numpy array or a bytes-like object, not list"):
+        as_bytes([1, 2], "f")
+
+
+def test_init_refuses_a_pool_it_would_have_to_copy():
+    with pytest.raises(GGMLError, match="init: mem_buffer must be writable"):
+        ggml.init(16, mem_buffer=bytes(16))
+    with pytest.raises(GGMLError, match="init: mem_buffer must be a writable, C-contiguous array"):
+        ggml.init(16, mem_buffer=np.zeros((8, 8), np.uint8)[:, ::2])
