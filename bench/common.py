@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-MM_TYPES = ("Q4_0", "Q8_0", "Q4_K", "F16")
+MM_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16")
 
 
 def workloads():

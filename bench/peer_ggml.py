@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import activations, measure, nmse, reference, weights, workloads  # noqa: E402
 
 TYPES = {"F32": ggml.GGML_TYPE_F32, "F16": ggml.GGML_TYPE_F16, "Q4_0": ggml.GGML_TYPE_Q4_0,
-         "Q8_0": ggml.GGML_TYPE_Q8_0, "Q4_K": ggml.GGML_TYPE_Q4_K}
+         "Q8_0": ggml.GGML_TYPE_Q8_0, "Q4_K": ggml.GGML_TYPE_Q4_K, "Q6_K": ggml.GGML_TYPE_Q6_K}
 
 
 def info():

@@ -5,16 +5,15 @@
 
 1. Per node of a 1000-node add chain (16 floats each), the cost of each layer: graph_compute as
    a whole at 1 and 2 threads (and at 2 threads with plan.min_work_per_node = 0, ggml's schedule:
-   every node on both threads, a barrier after each); then on one thread: the compute loop with the pool's kickoff left out (the prepared tasks
-   called in a plain Python loop); one task call (a lambda, forward_add's checks, numba's dispatch,
+   every node on both threads, a barrier after each) - the compiled loop; graph_compute at 1
+   thread with plan.python_loop (the readable Python loop); then on one thread: the Python loop
+   with the pool's kickoff left out (the prepared tasks called in a plain Python loop); one task call (a lambda, forward_add's checks, numba's dispatch,
    the kernel); forward_add called directly; numba's dispatch of the kernel alone; the kernel
    alone (called 1000 times from inside numba, so no dispatch); and per compute, the cost of
    checking that the prepared tasks still fit the graph (the tasks key) and a pool round trip.
 2. For each weight type, 4096x4096 times one column: graph_compute at 1 thread, the same without
    ggml_lite's Python layers (mul_mat's chunk kernel over every row, called once from Python),
    the src1 conversion alone, and nanoseconds per block of 32 weights.
-3. A suggestion for the kernels chapter, measured: vec_dot_f16 with an integer-arithmetic fp16
-   conversion instead of the table lookup.
 These are diagnostics, not part of the side-by-side table (bench/run.py); they reach into
 ggml_lite's internal (underscore) functions, so they follow its current code, not a stable API.
 """
@@ -54,7 +53,7 @@ def best(fn, reps=200, warmup=3, min_time=0.3):
 @njit(cache=True, nogil=True)
 def _binary_loop(count, a, b, d, ta, tb, td):
     for _ in range(count):
-        K._binary(0, a, b, d, ta, tb, td, 0, 1)
+        K.binary_kernel(0, a, b, d, ta, tb, td, 0, 1)
 
 
 def _prepared(gf, plan):
@@ -85,6 +84,9 @@ def add_chain(n_nodes=1000, ne0=16):
     out["graph_compute, 2 threads, every node on both"] = best(lambda: ggml.graph_compute(gf, plan), 5) / n_nodes
     plan = ggml.graph_plan(gf, 1)
     plan.work_data = np.zeros(plan.work_size, np.uint8)
+    plan.python_loop = True           # the readable loop in Python, for comparison
+    out["graph_compute, 1 thread, Python loop"] = best(lambda: ggml.graph_compute(gf, plan), 5) / n_nodes
+    plan.python_loop = False
     ggml.graph_compute(gf, plan)
     prepared = _prepared(gf, plan)
     tasks = prepared.tasks
@@ -98,7 +100,7 @@ def add_chain(n_nodes=1000, ne0=16):
     a, bb, d = x.numpy(), b.numpy(), cur.numpy()
     out["forward_add called directly"] = best(lambda: K.forward_add(a, bb, d, 0, 1))
     a4, b4, d4 = a.reshape(1, 1, 1, -1), bb.reshape(1, 1, 1, -1), d.reshape(1, 1, 1, -1)
-    out["numba dispatch + kernel"] = best(lambda: K._binary(0, a4, b4, d4, 0, 0, 0, 0, 1))
+    out["numba dispatch + kernel"] = best(lambda: K.binary_kernel(0, a4, b4, d4, 0, 0, 0, 0, 1))
     out["kernel alone (inside numba)"] = best(lambda: _binary_loop(n_nodes, a4, b4, d4, 0, 0, 0), 20) / n_nodes
     per_compute = {"prepared-tasks check": best(lambda: prepared.fits(gf, plan), 20)}
     for nt in (1, 2):
@@ -108,7 +110,7 @@ def add_chain(n_nodes=1000, ne0=16):
     return dict(per_node_s=out, per_compute_s=per_compute, n_nodes=n_nodes, ne0=ne0)
 
 
-def matvec(types=("Q4_0", "Q8_0", "Q4_K", "F16", "F32"), m=4096, k=4096):
+def matvec(types=("Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16", "F32"), m=4096, k=4096):
     w, x = weights(m, k), activations(1, k)
     out = {}
     for name in types:
@@ -142,62 +144,11 @@ def matvec(types=("Q4_0", "Q8_0", "Q4_K", "F16", "F32"), m=4096, k=4096):
     return out
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _h2f_bits(h):
-    """fp16 bits -> float32 with integer arithmetic only (no table): shift the exponent and
-    mantissa into place and rescale by 2**112 (which also normalises subnormals); inf/NaN keep
-    an all-ones exponent. LLVM can vectorise this, unlike a table lookup (a gather)."""
-    h32 = np.uint32(h)
-    bits = (h32 & 0x7FFF) << 13
-    f = np.float32(np.uint32(bits).view(np.float32) * np.float32(5.192296858534828e33))
-    if (h32 >> 10) & 31 == 31:
-        f = np.uint32(bits | np.uint32(0x7F800000)).view(np.float32)
-    return -f if h32 & 0x8000 else f
-
-
-@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
-def _vec_dot_f16_bits(n, x, y):
-    s = np.float32(0.0)
-    for i in range(n):
-        s += _h2f_bits(x[i]) * _h2f_bits(y[i])
-    return s
-
-
-@njit(cache=True, nogil=True)
-def _f16_rows(a, y, out, bits):
-    for r in range(a.shape[0]):
-        out[r] = _vec_dot_f16_bits(a.shape[1], a[r], y) if bits else V.vec_dot_f16(a.shape[1], a[r], y)
-
-
-@njit(cache=True)
-def _h2f_all(out):
-    for i in range(65536):
-        out[i] = _h2f_bits(np.uint16(i))
-
-
-def f16_variant(m=4096, k=4096):
-    """A suggestion for the kernels chapter, measured: vec_dot_f16 converting with integer
-    arithmetic instead of the 65536-entry table; the dots of every row of a 4096x4096 F16 matrix
-    with one F16 row, both ways, and whether the conversion is exact for all 65536 codes."""
-    a = weights(m, k).astype(np.float16).view(np.uint16)
-    y = activations(1, k)[0].astype(np.float16).view(np.uint16)
-    o1, o2 = np.zeros(m, np.float32), np.zeros(m, np.float32)
-    r = {"table lookup (vec_dot_f16 as it is)": float("inf"), "integer arithmetic": float("inf")}
-    for _ in range(5):
-        r["table lookup (vec_dot_f16 as it is)"] = min(r["table lookup (vec_dot_f16 as it is)"], best(lambda: _f16_rows(a, y, o1, False), 5, min_time=0.05))
-        r["integer arithmetic"] = min(r["integer arithmetic"], best(lambda: _f16_rows(a, y, o2, True), 5, min_time=0.05))
-    conv = np.zeros(65536, np.float32)
-    _h2f_all(conv)
-    ref = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
-    return dict(rows_s=r, same_dots=bool(np.array_equal(o1, o2)),
-                exact_all_codes=bool(np.array_equal(conv.view(np.uint32), ref.view(np.uint32))))
-
-
 def measure_all():
     load = [float(v) for v in open("/proc/loadavg").read().split()[:3]]
     busy0, cpu0, wall0 = _busy_seconds(), time.process_time(), time.perf_counter()
     doc = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               git=git_state(), add_chain=add_chain(), matvec=matvec(), f16_variant=f16_variant(), loadavg=load)
+               git=git_state(), add_chain=add_chain(), matvec=matvec(), loadavg=load)
     wall = time.perf_counter() - wall0
     doc["foreign_load"] = max(0.0, (_busy_seconds() - busy0) - (time.process_time() - cpu0)) / wall
     doc["loadavg_after"] = [float(v) for v in open("/proc/loadavg").read().split()[:3]]
@@ -225,9 +176,6 @@ def main():
         print(f"{name:5s} matvec: graph_compute {r['graph_compute'] * 1e3:7.3f} ms, kernel alone "
               f"{r['chunk kernel over all rows'] * 1e3:7.3f} ms, src1 conversion {r['src1 conversion'] * 1e6:6.1f} µs, "
               f"{r['ns per 32 weights']:5.2f} ns per 32 weights, {r['GB/s']:5.1f} GB/s of weights")
-    fv = doc["f16_variant"]
-    print("F16 row dots, 4096 rows: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in fv["rows_s"].items())
-          + f"; same dots: {fv['same_dots']}, conversion exact on all 65536 codes: {fv['exact_all_codes']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -731,6 +731,9 @@ class TestCpy(Case):
         vals = np.ascontiguousarray(srcs[0]).reshape(out.ne[3], out.ne[2], out.ne[1], out.ne[0])
         if self.type_src == self.type_dst:        # a byte copy: re-quantizing Q6_K would move codes
             return vals
+        if self.type_dst == Type.Q8_0:            # the CPU's from_float: x86's quantize_row_q8_0
+            import differential_refs
+            return differential_refs.q8_0_cpu_roundtrip(vals)
         return round_to(self.type_dst, vals)
 
 

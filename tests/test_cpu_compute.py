@@ -290,3 +290,104 @@ def test_a_graph_over_caller_memory_computes_after_free():
     plan = ggml.graph_plan(gf, 2)
     assert ggml.graph_compute(gf, plan) == Status.SUCCESS
     assert ggml.get_f32_1d(f, 0) == 16.0
+
+
+# --------------------------------------------------------------------------- the compiled loop
+from ggml_lite.backends.cpu import program as P  # noqa: E402
+from ggml_lite.backends.cpu.compute import _PREPARED  # noqa: E402
+
+
+def _node_bytes(gf):
+    import backend_ops_cases as B
+    return [B.read_raw(n) for n in gf.nodes if n.view_src is None]
+
+
+def _scribble(gf):
+    import backend_ops_cases as B
+    for n in gf.nodes:
+        if n.view_src is None:
+            B.write_raw(n, np.full(ggml.nbytes(n), 0xA5, np.uint8))
+
+
+def test_compiled_loop_equals_the_python_loop_on_every_harness_graph():
+    """Every graph of the oracle harness (tests/backend_ops_cases.py), at 1-4 threads, every node
+    on every thread: the compiled loop writes the same bytes into every node as the Python loop."""
+    import backend_ops_cases as B
+    native_tasks = python_tasks = 0
+    mismatches = []
+    for case in B.make_test_cases():
+        built = B.build_case(case)
+        try:
+            case.initialize_tensors(built, np.random.default_rng(B.case_seed(case)))
+            for nt in (1, 2, 3, 4):
+                plan = ggml.graph_plan(built.gf, nt)
+                plan.work_data = np.zeros(max(int(plan.work_size), 0), np.uint8)
+                plan.min_work_per_node = 0
+                plan.python_loop = True
+                assert ggml.graph_compute(built.gf, plan) == Status.SUCCESS
+                ref = _node_bytes(built.gf)
+                _scribble(built.gf)
+                plan.python_loop = False
+                assert ggml.graph_compute(built.gf, plan) == Status.SUCCESS
+                got = _node_bytes(built.gf)
+                if not all(np.array_equal(a, b) for a, b in zip(ref, got)):
+                    mismatches.append(f"{case.name()}-nt{nt}")
+                kinds = _PREPARED[built.gf].native.prog[:, P.KIND]
+                native_tasks += int((kinds != P.TASK_PYTHON).sum())
+                python_tasks += int((kinds == P.TASK_PYTHON).sum())
+        finally:
+            B.free_built(built)
+    assert not mismatches, f"{len(mismatches)} graphs differ: {mismatches[:10]}"
+    assert native_tasks > 1000 and python_tasks > 1000      # both paths of the program ran
+
+
+def _failing_and_good(ctx):
+    """A graph whose get_rows fails (index out of range) between two shared compiled nodes, and
+    a good graph of the same shape."""
+    m = ggml.new_tensor_2d(ctx, F32, 8, 4)
+    idx = ggml.new_tensor_1d(ctx, Type.I32, 2)
+    big = ggml.new_tensor_2d(ctx, F32, 1 << 9, 1 << 8)
+    out = ggml.add(ctx, ggml.scale(ctx, big, 2.0), big)
+    rows = ggml.get_rows(ctx, m, idx)
+    out2 = ggml.scale(ctx, out, 0.5)
+    gf = ggml.new_graph(ctx)
+    for t in (out, rows, out2):
+        ggml.build_forward_expand(gf, t)
+    m.numpy()[...] = np.arange(32, dtype=np.float32).reshape(m.numpy().shape)
+    return gf, idx, big, out2, rows
+
+
+@pytest.mark.parametrize("n", [10_000])
+def test_alternating_failing_and_good_graphs_never_hang(n):
+    """n computes at 2 threads alternating a graph that fails in a node, a graph aborted by the
+    callback, and a good graph: each failure is reported, no worker is left waiting, and every
+    good result is right."""
+    ctx = ggml.init(8 << 20)
+    gf, idx, big, out2, rows = _failing_and_good(ctx)
+    plan = ggml.graph_plan(gf, 2)
+    plan.work_data = np.zeros(plan.work_size, np.uint8)
+    done = []
+
+    def body():
+        for i in range(n):
+            big.numpy()[...] = i % 7
+            which = i % 3
+            idx.numpy()[...] = [1, 9] if which == 0 else [3, 1]
+            plan.abort_callback = (lambda d: True) if which == 1 else None
+            if which == 0:
+                with pytest.raises(ggml.GGMLError, match=r"\(GET_ROWS\) failed on thread 0: .*out of range"):
+                    ggml.graph_compute(gf, plan)
+            elif which == 1:
+                assert ggml.graph_compute(gf, plan) == Status.ABORTED and plan.aborted_at == 1
+            else:
+                assert ggml.graph_compute(gf, plan) == Status.SUCCESS
+                assert (out2.numpy() == 1.5 * (i % 7)).all()
+                assert rows.numpy().reshape(-1).tolist() == list(range(24, 32)) + list(range(8, 16))
+        done.append(True)
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(timeout=240)
+    assert not t.is_alive(), "a compute hung"
+    assert done == [True]
+    kinds = _PREPARED[gf].native.prog[:, P.KIND]
+    assert (kinds == P.TASK_PYTHON).sum() == 1 and (kinds != P.TASK_PYTHON).sum() == 3

@@ -656,6 +656,35 @@ def test_dup_between_float_types_in_logical_order(src_dt, dst_dt):
     del val
 
 
+def _q8_0_x86(rows):
+    """The bytes of ggml's x86 quantize_row_q8_0 (AVX path), in numpy: d = fp16(amax / 127),
+    q = round-half-even(x * (127 / amax)) (the CPU's from_float for Q8_0; quantize_chunk rounds
+    as the reference quantizer does)."""
+    b = np.ascontiguousarray(rows, np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        idd = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, :2] = (amax / np.float32(127)).astype(np.float16).view(np.uint8)
+    out[:, 2:] = np.rint(b * idd).astype(np.int8).view(np.uint8)
+    return out.reshape(rows.shape[0], -1)
+
+
+def _from_float(t, rows):
+    return _q8_0_x86(rows) if t == Type.Q8_0 else quantize_chunk(t, rows)
+
+
+def test_cpu_q8_0_rounds_halves_to_even_as_ggmls_x86():
+    """x * (127/amax) = 62.5 is a half: x86's ggml rounds it to 62 (even), roundf to 63."""
+    x = np.zeros(32, np.float32)
+    x[0], x[1], x[2] = 1.0, 62.5 / 127, -62.5 / 127
+    y = np.zeros(34, np.uint8)
+    K.quantize_row_q8_0(x, y)
+    assert np.array_equal(y, _q8_0_x86(x.reshape(1, -1)).reshape(-1))
+    assert y[3].view(np.int8) == 62 and y[4].view(np.int8) == -62          # roundf would give 63, -63
+    assert not np.array_equal(y, quantize_chunk(Type.Q8_0, x.reshape(1, -1)).reshape(-1))
+
+
 @pytest.mark.parametrize("t", QTYPES)
 def test_dup_to_and_from_quantized(t):
     n = 256
@@ -665,13 +694,13 @@ def test_dup_to_and_from_quantized(t):
         q[:] = 0
         w = np.empty(n, np.float32)
         run_threads(K.forward_dup, (x, OUT), q, nth, dst_type=t, wdata=w)
-        assert np.array_equal(q.reshape(12, -1), quantize_chunk(t, x.reshape(12, n)))
+        assert np.array_equal(q.reshape(12, -1), _from_float(t, x.reshape(12, n)))
         back = run_threads(K.forward_dup, (q, OUT), np.full_like(x, np.nan), nth, src0_type=t)
         assert np.array_equal(back, gguf_dequant(t, q, n)) if t != Type.Q4_K else nmse(back, gguf_dequant(t, q, n)) < 1e-12
     # F16 source, and a non-contiguous destination of whole blocks
     qh = np.zeros_like(q)
     K.forward_dup(x.astype(F16), qh, dst_type=t)
-    assert np.array_equal(qh.reshape(12, -1), quantize_chunk(t, x.astype(F16).astype(np.float32).reshape(12, n)))
+    assert np.array_equal(qh.reshape(12, -1), _from_float(t, x.astype(F16).astype(np.float32).reshape(12, n)))
     wide = np.full((1, 3, 4, 2 * n), np.nan, np.float32)
     K.forward_dup(q, wide[..., :n], src0_type=t)
     assert np.isnan(wide[..., n:]).all() and not np.isnan(wide[..., :n]).any()

@@ -470,6 +470,7 @@ class CPlan:
         self.aborted_at = None            # ggml's threadpool->abort: node index + 1, or None
         self.chunk_owners = {}            # node index -> which thread computed each mul_mat chunk
         self.min_work_per_node = MIN_WORK_PER_NODE  # 0: every node on all n_threads, as ggml
+        self.python_loop = False          # True: the readable Python loop, not the compiled one
 
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
@@ -562,11 +563,154 @@ def _compute_thread(tasks, tp, cplan, ith):
             return
         shared_before = shared
 
+# %% book/06_cpu_compute.ipynb #native-lower
+from ggml_lite.backends.cpu import program as P
+
+_BINARY_CODE = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}    # the kernels' op ids
+_NORM_KIND = {Op.RMS_NORM: P.TASK_RMS_NORM, Op.NORM: P.TASK_NORM}
+
+
+def _f32s(*arrays):
+    """True when every array is float32 and C-contiguous: what the compiled tasks take."""
+    return all(a is not None and a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def _lower_binary(node, p, nth):
+    a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
+    if not _f32s(a, b, d) or a.shape != d.shape or any(n % m for n, m in zip(a.shape, b.shape)):
+        return None                                 # other types, strides, or a shape error
+    return [(P.TASK_BINARY, [_BINARY_CODE[node.op]], (d, a, b), ())]
+
+
+def _lower_scale(node, p, nth):
+    a, d = p.view(node.src[0]), p.view(node)
+    if not _f32s(a, d) or a.shape != d.shape:
+        return None
+    return [(P.TASK_SCALE, [], (d, a), (get_op_params_f32(node, 0), get_op_params_f32(node, 1)))]
+
+
+def _lower_norm(node, p, nth):
+    a, d = p.view(node.src[0]), p.view(node)
+    if not _f32s(a, d) or a.shape != d.shape:
+        return None
+    return [(_NORM_KIND[node.op], [], (d, a), (get_op_params_f32(node, 0),))]
+
+
+def _lower_mul_mat(node, p, nth):
+    """The two tasks of mul_mat as the kernels chapter's functions would run them."""
+    t, src1 = node.src[0].type, node.src[1]
+    a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
+    if a.dtype == np.float16:
+        a = a.view(np.uint16)
+    vdt = V.get_type_traits_cpu(t).vec_dot_type
+    convert = V.mul_mat_wsize(t, b) > 0
+    if convert and (b.dtype != np.float32 or p.wdata is None):
+        return None
+    w = p.wdata if p.wdata is not None else np.zeros(1, np.uint8)
+    w4 = w.reshape(1, 1, 1, -1)
+    n, rs = b.shape[3], row_size(vdt, b.shape[3])
+    chunks = V.mul_mat_chunks(d.shape[3], d.shape[0] * d.shape[1] * d.shape[2], nth)
+    src1_task = (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, rs, blck_size(vdt), type_size(vdt)],
+                 (d, a, b, w4), ())
+    if is_quantized(t):
+        kind, y = P.TASK_MUL_MAT_Q, b
+    elif t == Type.F32:
+        kind, y = P.TASK_MUL_MAT_F32, b
+    else:                                            # F16 / BF16: src1 as is, or converted in wdata
+        kind = P.TASK_MUL_MAT_F16
+        y = w[:row_size(vdt, b.size)].view(np.uint16).reshape(b.shape) if convert else b.view(np.uint16)
+    if not all(x.flags.c_contiguous for x in (a, b, d, y)) or d.dtype != np.float32:
+        return None
+    return [src1_task, (kind, [int(t), n, rs, *chunks], (d, a, y, w4), ())]
+
+
+_LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary, Op.DIV: _lower_binary,
+          Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm, Op.MUL_MAT: _lower_mul_mat}
+
+# %% book/06_cpu_compute.ipynb #native-lower2
+def _lower(cgraph, cplan, tasks):
+    """The program: one row per task, compiled where _LOWER has the node's kernel (F32 and
+    contiguous for the element-wise ops), a call back to the task's Python kernel otherwise."""
+    prog = np.zeros((len(tasks), P.ROW_SIZE), np.int64)
+    fp = np.zeros((len(tasks), P.N_FPARAMS), np.float32)
+    p = _Preparing(cplan.work_data, cplan.n_threads)
+    k = 0
+    while k < len(tasks):
+        task = tasks[k]
+        node_tasks = [t for t in tasks[k:k + 2] if t.node is task.node]
+        lower = _LOWER.get(task.node.op)
+        rows = lower(task.node, p, task.nth) if lower is not None else None
+        if rows is None or len(rows) != len(node_tasks):
+            rows = [(P.TASK_PYTHON, [], (), ())] * len(node_tasks)
+        for kind, args, arrays, fparams in rows:
+            prog[k, P.KIND], prog[k, P.NTH], prog[k, P.NODE] = kind, tasks[k].nth, tasks[k].index
+            prog[k, P.ARG:P.ARG + len(args)] = args
+            for s, arr in enumerate(arrays):
+                P.set_slot(prog[k], s, arr)
+            fp[k, :len(fparams)] = fparams
+            k += 1
+    return prog, fp
+
+
+class _Native:
+    """A graph's program and what its workers share, and the Python side of its call-backs."""
+    _slots = iter(range(1, 1 << 62))
+
+    def __init__(self, cgraph, cplan, tasks):
+        self.tasks = tasks
+        self.prog, self.fp = _lower(cgraph, cplan, tasks)
+        self.state = np.zeros(P.STATE_SIZE, np.int64)
+        self.owner = np.zeros(0, np.int32)            # no chunk record (a traced plan runs the Python loop)
+        self.errors, self.cplan = [], None
+        self.slot = next(self._slots)
+        P.PROGRAMS[self.slot] = self
+        self.job = self._job                          # one bound method, made once
+
+    def native_tasks(self):
+        return int((self.prog[:, P.KIND] != P.TASK_PYTHON).sum())
+
+    def _job(self, ith):
+        P.graph_compute_thread(self.prog, self.fp, self.state, self.owner, self.slot, ith)
+
+    def run_python_task(self, k, ith, nth):
+        task = self.tasks[k]
+        try:
+            task.run(ith, nth)
+            return 0
+        except Exception as e:
+            err = GGMLError(f"graph_compute: node {task.index} '{task.node.name}' ({task.node.op.name}) "
+                            f"failed on thread {ith}: {type(e).__name__}: {e}")
+            err.__cause__ = e
+            self.errors.append((ith, err))
+            return 1
+
+    def ask_abort(self):
+        try:
+            return 1 if self.cplan.abort_callback(self.cplan.abort_callback_data) else 0
+        except BaseException as e:                    # raised in the caller, as the Python loop does
+            self.errors.append((0, e))
+            return 2
+
+    def compute(self, tp, cplan):
+        st = self.state
+        st[P.ABORT], st[P.STOPPED], st[P.N_BARRIER], st[P.N_THREADS] = 0, 0, 0, tp.n_threads
+        st[P.HAS_ABORT] = cplan.abort_callback is not None
+        self.cplan = cplan
+        try:
+            tp.run(self.job)
+        finally:
+            self.cplan = None
+        if self.errors:
+            errors, self.errors = self.errors, []
+            raise min(errors, key=lambda e: e[0])[1]
+        if st[P.STOPPED] > 0:
+            cplan.aborted_at = int(st[P.STOPPED])
+
 # %% book/06_cpu_compute.ipynb #b8164e4e
 import weakref
 
 from ggml_lite.backends.cpu.threadpool import Threadpool
-from ggml_lite.tensor import ObjectType, _new_object
+from ggml_lite.tensor import ObjectType, new_object
 
 _DEFAULT_POOLS = {}
 
@@ -581,8 +725,8 @@ _PREPARED = weakref.WeakKeyDictionary()       # cgraph -> _Prepared, the tasks o
 
 
 class _Prepared:
-    """A graph's tasks and what they were made for: every address they use, the work buffer,
-    the thread count. Any change (a re-allocation, a new plan) means preparing again."""
+    """A graph's tasks, its program, and what they were made for: every address they use, the
+    work buffer, the thread count. Any change (a re-allocation, a new plan) means preparing again."""
 
     def __init__(self, cgraph, cplan):
         self.tasks, self.chunk_owners = _make_tasks(cgraph, cplan)
@@ -590,6 +734,7 @@ class _Prepared:
         self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n, *n.src) if t is not None]
         self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
         self.min_work = cplan.min_work_per_node
+        self.native = None if self.traced else _Native(cgraph, cplan, self.tasks)
 
     def fits(self, cgraph, cplan):
         """Still valid for this graph and plan? (checked without allocating)"""
@@ -601,7 +746,9 @@ class _Prepared:
 
 
 def graph_compute(cgraph, cplan):
-    """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads."""
+    """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads, in the
+    compiled loop (graph_compute_thread), or in the Python loop when the plan is traced or
+    cplan.python_loop is set."""
     graph_check_alive(cgraph, "graph_compute")      # a tensor whose memory is gone is refused
     if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
         have = 0 if cplan.work_data is None else cplan.work_data.nbytes
@@ -615,7 +762,10 @@ def graph_compute(cgraph, cplan):
         prepared = _PREPARED[cgraph] = _Prepared(cgraph, cplan)
     tasks, cplan.chunk_owners = prepared.tasks, prepared.chunk_owners
     cplan.aborted_at = None
-    tp.run(lambda ith: _compute_thread(tasks, tp, cplan, ith))
+    if prepared.native is not None and not cplan.python_loop:
+        prepared.native.compute(tp, cplan)
+    else:
+        tp.run(lambda ith: _compute_thread(tasks, tp, cplan, ith))
     return Status.ABORTED if cplan.aborted_at is not None else Status.SUCCESS
 
 
@@ -623,6 +773,6 @@ def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
     """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool, compute."""
     cplan = graph_plan(cgraph, n_threads)
     if cplan.work_size > 0:
-        offs = _new_object(ctx, ObjectType.WORK_BUFFER, cplan.work_size)
+        offs = new_object(ctx, ObjectType.WORK_BUFFER, cplan.work_size)
         cplan.work_data = ctx.mem_buffer[offs:offs + cplan.work_size]
     return graph_compute(cgraph, cplan)

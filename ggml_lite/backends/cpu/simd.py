@@ -180,3 +180,38 @@ def _lanewise(op):
 
 for _op in _INT_OPS:
     _lanewise(_op)
+
+# %% book/05_cpu_kernels.ipynb #kern-simd-f16
+@intrinsic
+def vload_f16(typingctx, a, i, n):
+    """The n fp16 values a[i], ..., a[i+n-1] of a uint16 array (their bits) as Vec(float32 x n),
+    n a constant: one load of n halves and LLVM's `fpext half to float`, which on x86 with F16C
+    is vcvtph2ps, ggml's GGML_F32Cx8_LOAD (a conversion in hardware, exact, no table)."""
+    if not (isinstance(a, types.Array) and a.dtype == types.uint16 and isinstance(n, types.IntegerLiteral)):
+        return None
+    rt = Vec(types.float32, n.literal_value)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+        halves = ir.VectorType(ir.HalfType(), n.literal_value)
+        h = builder.load(builder.bitcast(ptr, halves.as_pointer()), align=2)
+        return builder.fpext(h, context.get_value_type(rt))
+    return rt(a, i, n), codegen
+
+# %% book/05_cpu_kernels.ipynb #kern-simd-splat2
+@intrinsic
+def vsplat2(typingctx, a, b, n):
+    """Vec(int32 x n), n a constant: a in the lower n/2 lanes, b in the upper ones. The scales of
+    two sub-blocks side by side, as ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is))."""
+    if not (isinstance(a, types.Integer) and isinstance(b, types.Integer) and isinstance(n, types.IntegerLiteral)):
+        return None
+    k = n.literal_value
+    rt = Vec(types.int32, k)
+
+    def codegen(context, builder, sig, args):
+        va = _splat(context, builder, args[0], sig.args[0], rt)
+        vb = _splat(context, builder, args[1], sig.args[1], rt)
+        mask = ir.Constant(ir.VectorType(_I32, k), list(range(k // 2)) + list(range(k + k // 2, 2 * k)))
+        return builder.shuffle_vector(va, vb, mask)
+    return rt(a, b, n), codegen
