@@ -259,3 +259,21 @@ def test_mul_mat_claims_every_pair_it_computes(wtype, xtype):
     assert ggml.graph_compute_with_ctx(ctx, gf, 2) == ggml.Status.SUCCESS
     ref = vals[id(x)].astype(np.float64) @ vals[id(w)].astype(np.float64).T
     assert B.nmse(y.numpy()[0, 0], ref) < 5e-4
+
+
+def test_a_kind_id_outside_ggmls_enum_is_refused_not_raised():
+    """A UNARY or GLU node whose op_params[0] names no kind (a hostile or corrupt graph, e.g. from
+    the RPC server) is answered False by supports_op and refused by compute with GGMLError."""
+    ctx = ggml.init(1 << 20)
+    a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 4, 4)
+    bad_unary, bad_glu = ggml.silu(ctx, a), ggml.swiglu(ctx, a)
+    ggml.set_op_params_i32(bad_unary, 0, 99)
+    ggml.set_op_params_i32(bad_glu, 0, 77)
+    cpu = ggml.backend_cpu_init()
+    for node, text in ((bad_unary, "UNARY of kind id 99"), (bad_glu, "GLU of kind id 77")):
+        assert ggml.backend_supports_op(cpu, node) is False
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, node)
+        with pytest.raises(ggml.GGMLError, match=text):
+            ggml.graph_compute_with_ctx(ctx, gf, 1)
+    ggml.free(ctx)

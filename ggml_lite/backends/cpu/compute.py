@@ -5,7 +5,7 @@ __all__ = ['CACHE_LINE_SIZE', 'DEFAULT_N_THREADS', 'VIEW_OPS', 'op_is_empty', 'C
 
 # %% book/06_cpu_compute.ipynb #5b92eaa1
 from ggml_lite.core import GGMLError, Status
-from ggml_lite.ops import Op, UnaryOp, get_glu_op, get_unary_op, op_desc
+from ggml_lite.ops import Op, UnaryOp, get_glu_op, get_unary_op, op_desc, op_name
 from ggml_lite.tensor import TensorFlag, is_empty, nelements, nrows
 from ggml_lite.types import Type, blck_size, is_quantized, row_size, type_name, type_size
 
@@ -405,13 +405,21 @@ def cpu_kernel(node):
         return None
 
 
+def _op_text(node):
+    """op_desc(node), or the op and the raw kind id when that id is outside ggml's enum."""
+    try:
+        return op_desc(node)
+    except ValueError:
+        return f"{op_name(node.op)} of kind id {int(node.op_params[0])}"
+
+
 def cpu_unsupported_reason(node):
     """None if the CPU computes node (op, kind, types, layouts); else why not, in words."""
     if op_is_empty(node.op):
         return None
     kernel = cpu_kernel(node)
     if kernel is None:
-        return f"no CPU kernel for {op_desc(node)}"
+        return f"no CPU kernel for {_op_text(node)}"
     if any(s is None for s in node.src[:_N_SRC.get(node.op, 1)]):
         return "a source is missing"
     return kernel.supports(node)
@@ -433,7 +441,7 @@ def cpu_check_node(node, index=None):
     why = cpu_unsupported_reason(node)
     if why is not None:
         at = f"node {index} " if index is not None else "node "
-        raise GGMLError(f"CPU: {at}'{node.name}' ({op_desc(node)}) cannot be computed: {why} "
+        raise GGMLError(f"CPU: {at}'{node.name}' ({_op_text(node)}) cannot be computed: {why} "
                         f"[{_describe(node)}]")
     return cpu_kernel(node)
 
