@@ -5,29 +5,17 @@ __all__ = ['backend_sched_reserve', 'backend_sched_reserve_size', 'backend_sched
 
 # %% book/09_sched.ipynb #sched-imports
 import logging
-import os
 
-import numpy as np
-
-from ggml_lite.alloc import (GallocrNeedsReserveError, gallocr_alloc_graph, gallocr_free,
-                             gallocr_get_buffer_size, gallocr_new_n, gallocr_reserve_n,
+from ggml_lite.alloc import (GallocrNeedsReserveError, gallocr_alloc_graph, gallocr_reserve_n,
                              gallocr_reserve_n_size)
-from ggml_lite.backend import (BackendBufferUsage, BackendDevType, backend_buffer_is_host,
-                               backend_buffer_name, backend_buft_name, backend_dev_type,
-                               backend_event_free, backend_event_new, backend_event_record,
-                               backend_event_synchronize, backend_event_wait,
-                               backend_get_default_buffer_type, backend_get_device,
-                               backend_graph_compute_async, backend_graph_optimize, backend_name,
-                               backend_offload_op, backend_supports_buft, backend_supports_op,
-                               backend_synchronize, backend_tensor_copy)
+from ggml_lite.backend import (backend_event_record, backend_event_synchronize, backend_event_wait,
+                               backend_graph_compute_async, backend_synchronize, backend_tensor_copy)
 from ggml_lite.core import GGMLError, Status
-from ggml_lite.graph import CGraph, graph_next_uid, graph_overhead_custom, graph_view, hash_size
-from ggml_lite.op_enums import is_view_op
-from ggml_lite.ops import Op, op_desc, op_name
-from ggml_lite.tensor import (TENSOR_SIZE, TensorFlag, dup_tensor, format_name, free, init,
-                              nbytes, set_input, set_output, view_tensor)
-from ggml_lite.types import type_name
-from ggml_lite.sched_passes import backend_sched_print_assignments, backend_sched_split_graph, draw_sched_splits
+from ggml_lite.graph import graph_view
+# the scheduler's state and its passes live in sched_state and sched_passes (written below);
+# ggml_lite.sched offers their names too
+from ggml_lite.sched_passes import (backend_sched_print_assignments, backend_sched_split_graph,
+                                    draw_sched_splits)
 from ggml_lite.sched_state import (SCHED_MAX_BACKENDS, SCHED_MAX_COPIES, SCHED_MAX_SPLIT_INPUTS, BackendSched,
                                    BackendSchedSplit, backend_sched_free, backend_sched_get_backend,
                                    backend_sched_get_buffer_size, backend_sched_get_buffer_type,
@@ -35,6 +23,7 @@ from ggml_lite.sched_state import (SCHED_MAX_BACKENDS, SCHED_MAX_COPIES, SCHED_M
                                    backend_sched_get_n_splits, backend_sched_get_tensor_backend,
                                    backend_sched_new, backend_sched_reset, backend_sched_set_tensor_backend,
                                    sched_tensor_copy)
+from ggml_lite.tensor import TensorFlag
 
 _log = logging.getLogger("ggml_lite.sched")
 
