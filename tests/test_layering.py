@@ -26,8 +26,6 @@ MAX_LINES = 600
 
 # (rule, module, detail) -> why it is still there. Remove an entry when its module is fixed.
 ALLOWED = {
-    ("private-import", "backends.cpu.compute", "ggml_lite.tensor._new_object"):
-        "owned by chapter 06, being edited: use ggml_lite.context.new_object",
     ("private-import", "backends.cpu.vec", "ggml_lite.backends.cpu.kernels._F16_TABLE"):
         "owned by chapter 05, being edited: promote the table to a public name in kernels",
     ("private-import", "backends.cpu.vec", "ggml_lite.backends.cpu.kernels._quantize_row"):
