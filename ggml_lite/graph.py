@@ -9,6 +9,7 @@ import os
 import sys
 from enum import IntEnum
 
+from ggml_lite.context import first_gone
 from ggml_lite.core import GGMLError, require
 from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_name, op_symbol
@@ -124,19 +125,16 @@ def new_graph(ctx):
 
 def _check_graph(graph, where):
     why = pool_stamp_gone(graph._stamp)
-    require(why is None, where, f"the graph is gone: {why}")
+    require(why is None, where, lambda: f"the graph is gone: {why}")
 
 
 def graph_check_alive(cgraph, where):
     """Raise GGMLError if the graph, or any of its leafs, nodes and their operands, is gone (freed or reset)."""
     _check_graph(cgraph, where)
-    for t in cgraph.leafs:
-        tensor_check_alive(t, where)
-    for t in cgraph.nodes:
-        tensor_check_alive(t, where)
-        for s in t.src:
-            if s is not None:
-                tensor_check_alive(s, where)
+    operands = itertools.chain.from_iterable((n, *n.src) for n in cgraph.nodes)
+    gone = first_gone(itertools.chain(cgraph.leafs, operands))
+    if gone is not None:
+        tensor_check_alive(gone, where)             # raises, saying how its memory went
 
 # %% book/04_graph.ipynb #graph-dfs
 def _is_leaf(t):
