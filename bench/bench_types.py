@@ -42,7 +42,7 @@ def bench_ggml_lite(n, reps):
         t = ggml.Type[name]
         q = ggml.quantize_chunk(t, x)
         out[name] = (best_ms(lambda: ggml.quantize_chunk(t, x), reps),
-                     best_ms(lambda: ggml.dequantize_rows(t, q, n), reps))
+                     best_ms(lambda: ggml.types.dequantize_rows(t, q, n), reps))
     return out
 
 

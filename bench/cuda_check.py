@@ -148,7 +148,7 @@ def run_scheduler(gpu, cpu, n_embd=512):
                     if hasattr(ggml, "backend_sched_print_assignments"):
                         import io
                         text = io.StringIO()
-                        ggml.backend_sched_print_assignments(sched, gf, 1, False, text)
+                        ggml.sched_passes.backend_sched_print_assignments(sched, gf, 1, False, text)
                         out[f"n_tok={n_tok}"]["assignments"] = text.getvalue()
                 ggml.backend_sched_free(sched)
                 ggml.free(ctx)
@@ -331,7 +331,7 @@ def main(argv=None):
     if args.cpu_dry_run:
         gpu = cpu
     else:
-        ok, why = ggml.cuda_availability()
+        ok, why = ggml.backends.cuda.backend.cuda_availability()
         if not ok:
             print(f"cuda_check: the CUDA backend cannot run here: {why}", file=sys.stderr)
             return 2

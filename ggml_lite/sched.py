@@ -14,8 +14,7 @@ from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import graph_view
 # the scheduler's state and its passes live in sched_state and sched_passes (written below);
 # ggml_lite.sched offers their names too
-from ggml_lite.sched_passes import (backend_sched_print_assignments, backend_sched_split_graph,
-                                    draw_sched_splits)
+from ggml_lite.sched_passes import backend_sched_print_assignments, backend_sched_split_graph
 from ggml_lite.sched_state import (SCHED_MAX_BACKENDS, SCHED_MAX_COPIES, SCHED_MAX_SPLIT_INPUTS, BackendSched,
                                    BackendSchedSplit, backend_sched_free, backend_sched_get_backend,
                                    backend_sched_get_buffer_size, backend_sched_get_buffer_type,

@@ -620,8 +620,8 @@ class TestGlu(Case):
         kind = ggml.GluOp[self.kind]
         out = ggml.glu_split(b.ctx, a, operand("b"), kind) if self.split else             ggml.glu(b.ctx, a, kind, self.swapped)
         if self.kind == "SWIGLU_OAI":                      # ggml_swiglu_oai's two parameters
-            ggml.set_op_params_f32(out, 2, self.alpha)
-            ggml.set_op_params_f32(out, 3, self.limit)
+            ggml.tensor.set_op_params_f32(out, 2, self.alpha)
+            ggml.tensor.set_op_params_f32(out, 3, self.limit)
         return out
 
     def reference(self, srcs, out):

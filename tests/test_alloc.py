@@ -144,9 +144,9 @@ def test_every_tensor_where_ggml_puts_it(runs, name):
 
 
 def test_op_can_inplace_is_ggmls_list():
-    got = sorted(op.name for op in Op if op != Op.COUNT and ggml.op_can_inplace(op))
+    got = sorted(op.name for op in Op if op != Op.COUNT and ggml.alloc.op_can_inplace(op))
     assert got == sorted(REF["inplace_ops"])
-    assert not ggml.op_can_inplace(Op.MUL_MAT) and not ggml.op_can_inplace(Op.NORM)
+    assert not ggml.alloc.op_can_inplace(Op.MUL_MAT) and not ggml.alloc.op_can_inplace(Op.NORM)
 
 
 # --- no two live tensors overlap (independent of the allocator) ---------------------------------
@@ -196,8 +196,8 @@ def overlaps(gf, galloc, view_output_keeps_source=True):
             if la < fb or lb < fa:
                 continue
             handover = a0 == b0 and (
-                (la == fb and any(s is a for s in b.src) and ggml.op_can_inplace(b.op)) or
-                (lb == fa and any(s is b for s in a.src) and ggml.op_can_inplace(a.op)))
+                (la == fb and any(s is a for s in b.src) and ggml.alloc.op_can_inplace(b.op)) or
+                (lb == fa and any(s is b for s in a.src) and ggml.alloc.op_can_inplace(a.op)))
             if not handover:
                 bad.append((a.name, b.name))
     return bad
@@ -360,81 +360,81 @@ TAIL = 2**63 - 1            # SIZE_MAX/2: the size of a fresh chunk's tail
 
 
 def test_alignment_rounds_every_size():
-    p = ggml.dyn_tallocr_new(32)
-    assert [ggml.dyn_tallocr_alloc(p, n).offset for n in (1, 32, 33, 0, 5)] == [0, 32, 64, 128, 128]
-    assert ggml.dyn_tallocr_max_size(p, 0) == 160 and ggml.dyn_tallocr_max_size(p, 1) == 0
+    p = ggml.dyn_tallocr.dyn_tallocr_new(32)
+    assert [ggml.dyn_tallocr.dyn_tallocr_alloc(p, n).offset for n in (1, 32, 33, 0, 5)] == [0, 32, 64, 128, 128]
+    assert ggml.dyn_tallocr.dyn_tallocr_max_size(p, 0) == 160 and ggml.dyn_tallocr.dyn_tallocr_max_size(p, 1) == 0
     with pytest.raises(GGMLError, match="not a power of 2"):
-        ggml.dyn_tallocr_new(48)
+        ggml.dyn_tallocr.dyn_tallocr_new(48)
 
 
 def test_best_fit_prefers_the_smallest_hole_and_on_a_tie_the_later_one():
-    p = ggml.dyn_tallocr_new(32)
-    a = [ggml.dyn_tallocr_alloc(p, n) for n in (96, 32, 64, 32, 64, 32, 128, 32)]
+    p = ggml.dyn_tallocr.dyn_tallocr_new(32)
+    a = [ggml.dyn_tallocr.dyn_tallocr_alloc(p, n) for n in (96, 32, 64, 32, 64, 32, 128, 32)]
     for i in (0, 2, 4, 6):
-        ggml.dyn_tallocr_free_bytes(p, a[i], [96, 0, 64, 0, 64, 0, 128][i])
+        ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, a[i], [96, 0, 64, 0, 64, 0, 128][i])
     assert blocks(p)[:-1] == [(0, 96), (128, 64), (224, 64), (320, 128)]
-    assert ggml.dyn_tallocr_alloc(p, 40).offset == 224      # 64 and 64 tie: the later hole
-    assert ggml.dyn_tallocr_alloc(p, 40).offset == 128
-    assert ggml.dyn_tallocr_alloc(p, 90).offset == 0        # 96 is smaller than 128
-    assert ggml.dyn_tallocr_alloc(p, 200).offset == 480     # no hole fits: the tail grows
-    assert ggml.dyn_tallocr_max_size(p, 0) == 704
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 40).offset == 224      # 64 and 64 tie: the later hole
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 40).offset == 128
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 90).offset == 0        # 96 is smaller than 128
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 200).offset == 480     # no hole fits: the tail grows
+    assert ggml.dyn_tallocr.dyn_tallocr_max_size(p, 0) == 704
 
 
 def test_free_merges_with_both_neighbours_and_the_tail():
-    p = ggml.dyn_tallocr_new(32)
-    a, b, c, d = (ggml.dyn_tallocr_alloc(p, 32) for _ in range(4))
-    ggml.dyn_tallocr_free_bytes(p, a, 32)
-    ggml.dyn_tallocr_free_bytes(p, c, 32)
+    p = ggml.dyn_tallocr.dyn_tallocr_new(32)
+    a, b, c, d = (ggml.dyn_tallocr.dyn_tallocr_alloc(p, 32) for _ in range(4))
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, a, 32)
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, c, 32)
     assert blocks(p) == [(0, 32), (64, 32), (128, TAIL - 128)]
-    ggml.dyn_tallocr_free_bytes(p, b, 32)                    # closes the gap: one block 0..96
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, b, 32)                    # closes the gap: one block 0..96
     assert blocks(p) == [(0, 96), (128, TAIL - 128)]
-    ggml.dyn_tallocr_free_bytes(p, d, 32)                    # joins the tail, and the tail the block
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, d, 32)                    # joins the tail, and the tail the block
     assert blocks(p) == [(0, TAIL)]
-    assert ggml.dyn_tallocr_max_size(p, 0) == 128            # the high-water mark stays
+    assert ggml.dyn_tallocr.dyn_tallocr_max_size(p, 0) == 128            # the high-water mark stays
 
 
 def test_free_before_a_block_merges_backwards():
-    p = ggml.dyn_tallocr_new(16)
-    a, b, c = (ggml.dyn_tallocr_alloc(p, 16) for _ in range(3))
-    ggml.dyn_tallocr_free_bytes(p, b, 16)
-    ggml.dyn_tallocr_free_bytes(p, a, 16)                    # runs into b's block
+    p = ggml.dyn_tallocr.dyn_tallocr_new(16)
+    a, b, c = (ggml.dyn_tallocr.dyn_tallocr_alloc(p, 16) for _ in range(3))
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, b, 16)
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, a, 16)                    # runs into b's block
     assert blocks(p) == [(0, 32), (48, TAIL - 48)]
 
 
 def test_chunks_split_at_max_size_and_tails_compete():
-    p = ggml.dyn_tallocr_new(32, 256)
-    addrs = [ggml.dyn_tallocr_alloc(p, n) for n in (100, 100, 100, 600, 20)]
+    p = ggml.dyn_tallocr.dyn_tallocr_new(32, 256)
+    addrs = [ggml.dyn_tallocr.dyn_tallocr_alloc(p, n) for n in (100, 100, 100, 600, 20)]
     assert addrs == [(0, 0), (0, 128), (1, 0), (2, 0), (1, 128)]
-    assert [ggml.dyn_tallocr_max_size(p, c) for c in range(3)] == [256, 160, 608]
-    ggml.dyn_tallocr_free_bytes(p, addrs[3], 600)
+    assert [ggml.dyn_tallocr.dyn_tallocr_max_size(p, c) for c in range(3)] == [256, 160, 608]
+    ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, addrs[3], 600)
     # chunk 2's tail holds 512 within its max_size (reuse 96 >= 0); chunk 1 would have to grow
-    assert ggml.dyn_tallocr_alloc(p, 500) == (2, 0)
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 500) == (2, 0)
     # chunk 2's tail fits 96 exactly (reuse 0), better than growing chunk 1 by 96 (reuse -96)
-    assert ggml.dyn_tallocr_alloc(p, 96) == (2, 512)
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 96) == (2, 512)
     # only chunk 1 has a tail left: it grows
-    assert ggml.dyn_tallocr_alloc(p, 64) == (1, 160)
-    assert [ggml.dyn_tallocr_max_size(p, c) for c in range(3)] == [256, 224, 608]
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 64) == (1, 160)
+    assert [ggml.dyn_tallocr.dyn_tallocr_max_size(p, c) for c in range(3)] == [256, 224, 608]
 
 
 def test_the_sixteenth_chunk_is_unbounded():
-    p = ggml.dyn_tallocr_new(32, 64)
-    for _ in range(ggml.VBUFFER_MAX_CHUNKS - 1):
-        ggml.dyn_tallocr_alloc(p, 64)
+    p = ggml.dyn_tallocr.dyn_tallocr_new(32, 64)
+    for _ in range(ggml.dyn_tallocr.VBUFFER_MAX_CHUNKS - 1):
+        ggml.dyn_tallocr.dyn_tallocr_alloc(p, 64)
     assert len(p.chunks) == 15
-    last = ggml.dyn_tallocr_alloc(p, 64)
+    last = ggml.dyn_tallocr.dyn_tallocr_alloc(p, 64)
     assert last == (15, 0) and blocks(p, 15) == [(64, TAIL - 64)]
-    assert ggml.dyn_tallocr_alloc(p, 10**6) == (15, 64)
+    assert ggml.dyn_tallocr.dyn_tallocr_alloc(p, 10**6) == (15, 64)
 
 
 def test_out_of_free_blocks_is_an_error_and_changes_nothing():
-    p = ggml.dyn_tallocr_new(16)
-    addrs = [ggml.dyn_tallocr_alloc(p, 16) for _ in range(2 * ggml.MAX_FREE_BLOCKS + 2)]
-    for a in addrs[0:2 * ggml.MAX_FREE_BLOCKS - 2:2]:          # every other one: 255 holes + tail
-        ggml.dyn_tallocr_free_bytes(p, a, 16)
-    assert len(p.chunks[0].free_blocks) == ggml.MAX_FREE_BLOCKS
+    p = ggml.dyn_tallocr.dyn_tallocr_new(16)
+    addrs = [ggml.dyn_tallocr.dyn_tallocr_alloc(p, 16) for _ in range(2 * ggml.dyn_tallocr.MAX_FREE_BLOCKS + 2)]
+    for a in addrs[0:2 * ggml.dyn_tallocr.MAX_FREE_BLOCKS - 2:2]:          # every other one: 255 holes + tail
+        ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, a, 16)
+    assert len(p.chunks[0].free_blocks) == ggml.dyn_tallocr.MAX_FREE_BLOCKS
     before = blocks(p)
     with pytest.raises(GGMLError, match="out of free blocks"):
-        ggml.dyn_tallocr_free_bytes(p, addrs[2 * ggml.MAX_FREE_BLOCKS - 2], 16)
+        ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, addrs[2 * ggml.dyn_tallocr.MAX_FREE_BLOCKS - 2], 16)
     assert blocks(p) == before
 
 
@@ -445,15 +445,15 @@ def test_out_of_free_blocks_is_an_error_and_changes_nothing():
 def test_planner_invariants(ops, alignment, max_size):
     """Random allocs and frees: live ranges never overlap, free blocks stay sorted, apart and
     aligned, and live + free bytes fill every chunk up to its tail."""
-    p = ggml.dyn_tallocr_new(alignment, max_size)
+    p = ggml.dyn_tallocr.dyn_tallocr_new(alignment, max_size)
     live = []
     for is_alloc, size, pick in ops:
         if is_alloc or not live:
-            addr = ggml.dyn_tallocr_alloc(p, size)
+            addr = ggml.dyn_tallocr.dyn_tallocr_alloc(p, size)
             live.append((addr, -(-size // alignment) * alignment))
         else:
             addr, n = live.pop(pick % len(live))
-            ggml.dyn_tallocr_free_bytes(p, addr, n)
+            ggml.dyn_tallocr.dyn_tallocr_free_bytes(p, addr, n)
     for c, chunk in enumerate(p.chunks):
         mine = sorted((a.offset, n) for a, n in live if a.chunk == c)
         for (o1, n1), (o2, _) in zip(mine, mine[1:]):

@@ -220,7 +220,7 @@ def test_mul_mat_chunks_each_computed_once(n_threads):
     assert ggml.graph_compute(gf, plan) == Status.SUCCESS
     owner = plan.chunk_owners[0]
     assert (owner >= 0).all() and set(owner.tolist()) <= set(range(n_threads))
-    ref = X @ ggml.dequantize_rows(Type.Q4_0, w.numpy()[0, 0], 256).T
+    ref = X @ ggml.types.dequantize_rows(Type.Q4_0, w.numpy()[0, 0], 256).T
     got = y.numpy()[0, 0]
     assert ((got - ref) ** 2).sum() / (ref ** 2).sum() < 5e-4
 

@@ -64,7 +64,7 @@ def _sinks(b, x):
 
 def _xielu(b, x):
     y = ggml.unary(b.ctx, x, ggml.UnaryOp.SILU)
-    ggml.set_op_params_i32(y, 0, int(ggml.UnaryOp.XIELU))         # a kind with no kernel here
+    ggml.tensor.set_op_params_i32(y, 0, int(ggml.UnaryOp.XIELU))         # a kind with no kernel here
     return y
 
 
@@ -241,7 +241,7 @@ def test_mul_mat_claims_every_pair_it_computes(wtype, xtype):
         if ggml.is_quantized(t.type):
             q = ggml.quantize_chunk(t.type, f)
             t.numpy()[0, 0] = q
-            vals[id(t)] = ggml.dequantize_rows(t.type, q, K)
+            vals[id(t)] = ggml.types.dequantize_rows(t.type, q, K)
         else:
             B.write_raw(t, {Type.F32: f, Type.F16: f.astype(np.float16)}.get(t.type, B.bf16_bits(f)))
             vals[id(t)] = B.tensor_values(t)[0, 0]
@@ -267,8 +267,8 @@ def test_a_kind_id_outside_ggmls_enum_is_refused_not_raised():
     ctx = ggml.init(1 << 20)
     a = ggml.new_tensor_2d(ctx, ggml.Type.F32, 4, 4)
     bad_unary, bad_glu = ggml.silu(ctx, a), ggml.swiglu(ctx, a)
-    ggml.set_op_params_i32(bad_unary, 0, 99)
-    ggml.set_op_params_i32(bad_glu, 0, 77)
+    ggml.tensor.set_op_params_i32(bad_unary, 0, 99)
+    ggml.tensor.set_op_params_i32(bad_glu, 0, 77)
     cpu = ggml.backend_cpu_init()
     for node, text in ((bad_unary, "UNARY of kind id 99"), (bad_glu, "GLU of kind id 77")):
         assert ggml.backend_supports_op(cpu, node) is False

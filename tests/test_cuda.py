@@ -23,7 +23,7 @@ NVCC = shutil.which("nvcc")
 
 
 def _cuda_here():
-    return ggml.cuda_availability()[0]
+    return ggml.backends.cuda.backend.cuda_availability()[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_mat_vec_launch_dims_follow_ggml_generic_table():
 # ---------------------------------------------------------------------------------------------
 
 def supports(node):
-    return ggml.cuda_supports_op(node, 0)
+    return ggml.backends.cuda.backend.cuda_supports_op(node, 0)
 
 
 def test_supports_elementwise_and_rows(ctx):
@@ -348,8 +348,8 @@ def test_supports_refuses_a_source_on_another_gpu(ctx):
     a = ggml.new_tensor_1d(ctx, Type.F32, 8)
     node = ggml.scale(ctx, a, 2.0)
     assert supports(node)
-    a.buffer = SimpleNamespace(buft=ggml.CUDABufferType(None, 1))       # as if placed on CUDA1
-    assert not ggml.cuda_supports_op(node, 0) and ggml.cuda_supports_op(node, 1)
+    a.buffer = SimpleNamespace(buft=ggml.backends.cuda.backend.CUDABufferType(None, 1))       # as if placed on CUDA1
+    assert not ggml.backends.cuda.backend.cuda_supports_op(node, 0) and ggml.backends.cuda.backend.cuda_supports_op(node, 1)
     a.buffer = None
 
 
@@ -364,11 +364,11 @@ def test_offload_batch_size_follows_ggml(ctx):
     w = ggml.new_tensor_2d(ctx, Type.Q4_0, 256, 32)
     for n, want in ((1, False), (31, False), (32, True), (64, True)):
         node = ggml.mul_mat(ctx, w, ggml.new_tensor_2d(ctx, Type.F32, 256, n))
-        assert ggml.cuda_op_batch_size(node) == n and (ggml.cuda_op_batch_size(node) >= 32) == want
-    assert ggml.cuda_op_batch_size(ggml.get_rows(ctx, w, ggml.new_tensor_1d(ctx, Type.I32, 100))) == 0
+        assert ggml.backends.cuda.backend.cuda_op_batch_size(node) == n and (ggml.backends.cuda.backend.cuda_op_batch_size(node) >= 32) == want
+    assert ggml.backends.cuda.backend.cuda_op_batch_size(ggml.get_rows(ctx, w, ggml.new_tensor_1d(ctx, Type.I32, 100))) == 0
     q = ggml.new_tensor_3d(ctx, Type.F32, 64, 8, 40)
-    assert ggml.cuda_op_batch_size(ggml.rope(ctx, q, ggml.new_tensor_1d(ctx, Type.I32, 40), 64, 0)) == 40
-    assert ggml.cuda_op_batch_size(ggml.rms_norm(ctx, q, 1e-5)) == 8 * 40
+    assert ggml.backends.cuda.backend.cuda_op_batch_size(ggml.rope(ctx, q, ggml.new_tensor_1d(ctx, Type.I32, 40), 64, 0)) == 40
+    assert ggml.backends.cuda.backend.cuda_op_batch_size(ggml.rms_norm(ctx, q, 1e-5)) == 8 * 40
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +376,7 @@ def test_offload_batch_size_follows_ggml(ctx):
 # ---------------------------------------------------------------------------------------------
 
 def test_alloc_size_pads_the_last_row_of_quantized_tensors_to_512(ctx):
-    buft = ggml.CUDABufferType(None, 0)
+    buft = ggml.backends.cuda.backend.CUDABufferType(None, 0)
     assert buft.get_name() == "CUDA0" and buft.get_alignment() == 128 and not buft.is_host()
     cases = [(Type.Q4_0, 4096, 0), (Type.Q4_0, 4064, 18), (Type.Q8_0, 32, 15 * 34), (Type.Q4_K, 256, 144),
              (Type.Q6_K, 768, 210), (Type.F32, 100, 0), (Type.F16, 4064, 0), (Type.I32, 7, 0)]
@@ -392,12 +392,12 @@ def test_alloc_size_refuses_blocks_that_are_not_dense(ctx):
     q = ggml.new_tensor_2d(ctx, Type.Q8_0, 64, 4)
     q.nb = [q.nb[0] * 2] + list(q.nb[1:])
     with pytest.raises(GGMLError, match="nb\\[0\\] = 68, element size 34"):
-        ggml.cuda_alloc_size(q)
+        ggml.backends.cuda.backend.cuda_alloc_size(q)
 
 
 def test_the_pinned_host_buffer_type_is_host_memory():
-    buft = ggml.CUDAHostBufferType(None)
-    assert buft.get_name() == "CUDA_Host" and buft.is_host() and buft.get_alignment() == ggml.TENSOR_ALIGNMENT
+    buft = ggml.backends.cuda.backend.CUDAHostBufferType(None)
+    assert buft.get_name() == "CUDA_Host" and buft.is_host() and buft.get_alignment() == ggml.backend_impl.TENSOR_ALIGNMENT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,7 +420,7 @@ def test_only_the_cuda_backend_imports_cupy():
 
 @pytest.mark.skipif(_cuda_here(), reason="this machine has cupy and a CUDA device")
 def test_score_is_zero_and_the_reason_is_logged(caplog):
-    ok, why = ggml.cuda_availability()
+    ok, why = ggml.backends.cuda.backend.cuda_availability()
     assert not ok and ("cupy is not installed" in why or "no CUDA device" in why)
     with caplog.at_level(logging.DEBUG, logger="ggml_lite"):
         assert cb.ggml_backend_score() == 0
@@ -555,7 +555,7 @@ def test_mat_vec_arithmetic_emulated_equals_the_dequantized_dot(type_):
     w = rng.standard_normal((3, n)).astype(np.float32)
     x = rng.standard_normal(n).astype(np.float32)
     rows = ggml.quantize_chunk(type_, w)
-    want = ggml.dequantize_rows(type_, rows, n) @ x
+    want = ggml.types.dequantize_rows(type_, rows, n) @ x
     y = _quantize_q8_1(x)
     _, (warp, nwarps) = ck.mmvq_launch_dims(1, 3, 1, 1)
     blocks_per_iter = vdr * nwarps * warp // qi
@@ -623,7 +623,7 @@ def test_mat_vec_launch_places_every_product(ptx, ctx, type_):
     padded[..., :ne00] = yf                                    # quantize_q8_1's layout: padded columns
     y_blocks = _quantize_q8_1(padded.reshape(-1))
     got = _emulate_mul_mat_vec_q(type_, name, grid, block, args, x_bytes, y_blocks, ggml.nelements(node))
-    wd = ggml.dequantize_rows(type_, x_bytes.reshape(ne02 * ne01, -1), ne00).reshape(ne02, ne01, ne00)
+    wd = ggml.types.dequantize_rows(type_, x_bytes.reshape(ne02 * ne01, -1), ne00).reshape(ne02, ne01, ne00)
     want = np.einsum("cri,cki->ckr", wd[np.arange(ne12) // (ne12 // ne02)], yf).reshape(-1)
     assert not np.isnan(got).any(), "a result was never written"
     assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 5e-4
@@ -748,7 +748,7 @@ def stand_in(monkeypatch):
 
 
 def test_stand_in_registry_device_and_props(stand_in, caplog):
-    assert ggml.cuda_availability() == (True, "")
+    assert ggml.backends.cuda.backend.cuda_availability() == (True, "")
     with caplog.at_level(logging.DEBUG, logger="ggml_lite"):
         ggml.backend_load_all()
     reg = ggml.backend_reg_by_name("CUDA")
@@ -780,7 +780,7 @@ def test_stand_in_buffers_copies_and_padding(stand_in):
     talloc = ggml.tallocr_new(buf)
     ggml.tallocr_alloc(talloc, q)
     ggml.tallocr_alloc(talloc, f)
-    pad = ggml.cuda_alloc_size(q) - ggml.nbytes(q)
+    pad = ggml.backends.cuda.backend.cuda_alloc_size(q) - ggml.nbytes(q)
     assert pad == 18 and ctypes.string_at(q.data + ggml.nbytes(q), pad) == bytes(pad)   # zeroed by init_tensor
     assert ctypes.string_at(q.data, 4) == b"\xab" * 4                                    # the data is not touched
     x = np.arange(64, dtype=np.float32).reshape(4, 16)
@@ -945,7 +945,7 @@ def test_stand_in_scheduler_splits_over_cuda_and_cpu(stand_in):
         sched = ggml.backend_sched_new([cuda, cpu], None, 2, ggml.DEFAULT_GRAPH_SIZE, False, True)
         assert ggml.backend_sched_alloc_graph(sched, gf)
         text = io.StringIO()
-        ggml.backend_sched_print_assignments(sched, gf, 1, False, text)
+        ggml.sched_passes.backend_sched_print_assignments(sched, gf, 1, False, text)
         got[n_tok] = (ggml.backend_sched_get_n_splits(sched), re.findall(r"SPLIT #\d+: (\w+) # (\d+) inputs", text.getvalue()))
         ggml.backend_sched_free(sched)
         for buf, wc in bufs:

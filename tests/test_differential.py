@@ -69,8 +69,8 @@ class LiteApi:
         if hasattr(ggml, "swiglu_oai"):
             return ggml.swiglu_oai(ctx, a, b, alpha, limit)
         r = ggml.glu_split(ctx, a, b, GluOp.SWIGLU_OAI)
-        ggml.set_op_params_f32(r, 2, alpha)
-        ggml.set_op_params_f32(r, 3, limit)
+        ggml.tensor.set_op_params_f32(r, 2, alpha)
+        ggml.tensor.set_op_params_f32(r, 3, limit)
         return r
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ggml_lite as ggml
+import ggml_lite.viz  # noqa: F401  (the pictures are not in the package face)
 from ggml_lite import GGMLError, GraphFullError, Op, TensorFlag, Type
 
 sys.path.insert(0, str(Path(__file__).parent / "ggml_ref"))
@@ -58,7 +59,7 @@ def test_graph_overhead_custom(size, grads, expected):
 
 @pytest.mark.parametrize("n,expected", REF["hash_size"])
 def test_hash_size(n, expected):
-    assert ggml.hash_size(n) == expected
+    assert ggml.graph.hash_size(n) == expected
 
 
 def test_new_graph_is_one_pool_object():
@@ -223,7 +224,7 @@ def test_shared_subexpressions_appear_once():
     ggml.build_forward_expand(gf, out)                 # again: nothing new
     ggml.build_forward_expand(gf, s)
     assert gf.n_nodes == 3
-    assert [ggml.node_get_use_count(gf, i) for i in range(3)] == [3, 1, 0]
+    assert [ggml.graph.node_get_use_count(gf, i) for i in range(3)] == [3, 1, 0]
 
 
 def test_compute_flag_and_param_leaf():
@@ -334,7 +335,7 @@ def test_graph_view_cpy_dup_clear_add_node():
     x, y = _chain(ctx, 5)
     gf = ggml.new_graph_custom(ctx, 8)
     ggml.build_forward_expand(gf, y)
-    v = ggml.graph_view(gf, 1, 4)
+    v = ggml.graph.graph_view(gf, 1, 4)
     assert v.size == 0 and v.nodes == gf.nodes[1:4] and v.n_leafs == 0
     assert v.visited_hash_set is gf.visited_hash_set
     with pytest.raises(GraphFullError):
@@ -367,7 +368,7 @@ def test_graph_dies_with_its_context():
     ggml.free(owned)
     with pytest.raises(GGMLError, match=r"graph_check_alive: the graph is gone: its context was freed "
                                         r"\(ggml_free\) together with the memory pool it owned"):
-        ggml.graph_check_alive(gf, "graph_check_alive")
+        ggml.graph.graph_check_alive(gf, "graph_check_alive")
 
 
 def _callers_pool(nbytes):
@@ -384,7 +385,7 @@ def test_graph_in_callers_memory_outlives_free():
     ggml.build_forward_expand(gf, y)
     ggml.set_f32(x, 1.5)
     ggml.free(ctx)
-    ggml.graph_check_alive(gf, "test")                          # no error: the memory is the caller's
+    ggml.graph.graph_check_alive(gf, "test")                          # no error: the memory is the caller's
     assert [n.op for n in ggml.graph_nodes(gf)] == [Op.ADD] * 3 and x.numpy().ravel().tolist() == [1.5] * 4
     other = ggml.init(1 << 16)                                   # the graph grows from a live context
     z = ggml.mul(other, y, x)
@@ -409,7 +410,7 @@ def test_build_refuses_a_dead_tensor_and_changes_nothing():
     assert gf.n_nodes == 1 and gf.n_leafs == 1                   # the graph is as it was
     gf.nodes.append(y)                                           # a dead tensor smuggled in by hand
     with pytest.raises(GGMLError, match="'w' is gone"):
-        ggml.graph_check_alive(gf, "compute")
+        ggml.graph.graph_check_alive(gf, "compute")
 
 
 def test_dump_dot_call_forms(tmp_path):
@@ -431,11 +432,11 @@ def test_draw_graph():
 
     ctx, graphs = scenarios.attention(G, no_alloc=True)
     gf = graphs["gf"]
-    ax = ggml.draw_graph(gf, title="t")
+    ax = ggml.viz.draw_graph(gf, title="t")
     assert len(ax.patches) == gf.n_nodes + gf.n_leafs
     texts = [t.get_text() for t in ax.texts]
     assert "#0 GET_ROWS\nnode_0" in texts and "#34 MUL_MAT\nresult_output" in texts
-    members, level, pos = ggml.graph._layout(gf)
+    members, level, pos = ggml.viz._layout(gf)
     for n in gf.nodes:                                  # every edge points downwards
         for s in n.src:
             if s is not None:
@@ -453,7 +454,7 @@ def test_graph_functions_refuse_a_graph_whose_memory_is_gone():
     ggml.reset(ctx)
     for where, call in [("graph_print", lambda: ggml.graph_print(gf, io.StringIO())),
                         ("graph_dump_dot", lambda: ggml.graph_dump_dot(gf, None, None)),
-                        ("graph_cpy", lambda: ggml.graph_cpy(gf, dst)), ("graph_view", lambda: ggml.graph_view(gf, 0, 1)),
+                        ("graph_cpy", lambda: ggml.graph_cpy(gf, dst)), ("graph_view", lambda: ggml.graph.graph_view(gf, 0, 1)),
                         ("graph_dup", lambda: ggml.graph_dup(other, gf)),
                         ("graph_add_node", lambda: ggml.graph_add_node(gf, ggml.new_tensor_1d(other, F32, 4)))]:
         with pytest.raises(GGMLError, match=rf"^{where}: the graph is gone: its context was reset"):

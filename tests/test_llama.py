@@ -387,7 +387,7 @@ def test_cuda_takes_every_node_of_the_graph():
         m = model(name)
         for n_tokens in (1, 40):
             g = llama.build_graph(m, n_tokens, 0, 64, n_tokens)
-            refused = [n.name for n in g.gf.nodes if not ggml.cuda_supports_op(n)]
+            refused = [n.name for n in g.gf.nodes if not ggml.backends.cuda.backend.cuda_supports_op(n)]
             assert refused == [], (name, n_tokens, refused)
 
 

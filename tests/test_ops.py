@@ -104,16 +104,16 @@ def test_op_params_layouts_literal():
     for t in ctx:
         by_op.setdefault(t.op, []).append(t)
     rope_neox = by_op[Op.ROPE][0]
-    assert [ggml.get_op_params_i32(rope_neox, i) for i in (0, 1, 2, 3, 4)] == [0, 8, 2, 0, 2048]
-    assert [ggml.get_op_params_f32(rope_neox, i) for i in range(5, 11)] == [500000.0, 0.25, 1.0, 1.0, 32.0, 1.0]
+    assert [ggml.tensor.get_op_params_i32(rope_neox, i) for i in (0, 1, 2, 3, 4)] == [0, 8, 2, 0, 2048]
+    assert [ggml.tensor.get_op_params_f32(rope_neox, i) for i in range(5, 11)] == [500000.0, 0.25, 1.0, 1.0, 32.0, 1.0]
     assert list(rope_neox.op_params[11:]) == [0] * 5
     sm = by_op[Op.SOFT_MAX][-1]                                 # soft_max_ext(.., 0.5, 8.0)
     assert list(sm.op_params[:2]) == [1056964608, 1090519040]   # ggml: the float bits of 0.5, 8.0
-    assert ggml.get_op_params_f32(by_op[Op.SCALE][0], 0) == 0.125
-    assert ggml.get_op_params_f32(by_op[Op.RMS_NORM][0], 0) == np.float32(1e-5)
-    assert [ggml.get_op_params_i32(t, 0) for t in by_op[Op.DIAG_MASK_INF]] == [2, 0]
-    assert [ggml.get_op_params_i32(t, 0) for t in by_op[Op.CONCAT]] == [1, 2]
-    assert [ggml.get_op_params_i32(t, 0) for t in by_op[Op.UNARY]] == [8, 10, 10, 8]   # GELU SILU SILU GELU
+    assert ggml.tensor.get_op_params_f32(by_op[Op.SCALE][0], 0) == 0.125
+    assert ggml.tensor.get_op_params_f32(by_op[Op.RMS_NORM][0], 0) == np.float32(1e-5)
+    assert [ggml.tensor.get_op_params_i32(t, 0) for t in by_op[Op.DIAG_MASK_INF]] == [2, 0]
+    assert [ggml.tensor.get_op_params_i32(t, 0) for t in by_op[Op.CONCAT]] == [1, 2]
+    assert [ggml.tensor.get_op_params_i32(t, 0) for t in by_op[Op.UNARY]] == [8, 10, 10, 8]   # GELU SILU SILU GELU
     assert list(by_op[Op.GLU][0].op_params[:2]) == [2, 0]      # SWIGLU, not swapped
     ggml.free(ctx)
 
@@ -177,7 +177,7 @@ def test_mul_mat_set_prec_and_sinks():
     a = ggml.new_tensor_2d(ctx, F32, 4, 3)
     mm = ggml.mul_mat(ctx, a, a)
     ggml.mul_mat_set_prec(mm, ggml.Prec.F32)
-    assert ggml.get_op_params_i32(mm, 0) == 10
+    assert ggml.tensor.get_op_params_i32(mm, 0) == 10
     with pytest.raises(GGMLError, match="mul_mat_set_prec"):
         ggml.mul_mat_set_prec(a, ggml.Prec.F32)
     kq = ggml.new_tensor_3d(ctx, F32, 8, 5, 4)
@@ -395,7 +395,7 @@ def test_float_params_are_float32():
     ctx = ggml.init(1 << 16, no_alloc=True)
     s = ggml.scale(ctx, ggml.new_tensor_1d(ctx, F32, 4), 0.1)
     assert s.op_params[0] == struct.unpack("<i", struct.pack("<f", 0.1))[0]
-    assert ggml.get_op_params_f32(s, 0) == float(np.float32(0.1))
+    assert ggml.tensor.get_op_params_f32(s, 0) == float(np.float32(0.1))
 
 
 # --- every constructor's asserts, against real ggml (tests/data/asserts_ref.json) ---------------------

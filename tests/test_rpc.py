@@ -343,7 +343,7 @@ def test_compute_set_get_copy_clear(server):
     assert ggml.backend_tensor_get(x, offset=8, size=8).view(np.float32).tolist() == [2.0, 3.0]
     ggml.backend_buffer_clear(buf, 0)
     assert not ggml.backend_tensor_get(f).any()
-    stats = ggml.rpc_wire_stats(server.endpoint)["commands"]
+    stats = ggml.backends.rpc.client.rpc_wire_stats(server.endpoint)["commands"]
     assert {"COPY_TENSOR", "BUFFER_CLEAR", "GRAPH_COMPUTE", "GET_TENSOR", "SET_TENSOR"} <= set(stats)
     ggml.backend_buffer_free(buf)
 
@@ -352,11 +352,11 @@ def test_graph_recompute_reuses_the_servers_graph(server):
     backend = ggml.backend_rpc_init(server.endpoint, 0)
     ctx, gf, (a, x, b), f, buf = small_graph(backend)
     gf.uid = 0x5EED                                   # what the scheduler gives each split's graph
-    before = ggml.rpc_wire_stats(server.endpoint)["commands"].get("GRAPH_RECOMPUTE", 0)
+    before = ggml.backends.rpc.client.rpc_wire_stats(server.endpoint)["commands"].get("GRAPH_RECOMPUTE", 0)
     ggml.backend_graph_compute(backend, gf)
     ggml.backend_tensor_set(b, np.full(8, 5.0, np.float32))
     ggml.backend_graph_compute(backend, gf)           # the same uid: only the device id crosses
-    assert ggml.rpc_wire_stats(server.endpoint)["commands"]["GRAPH_RECOMPUTE"] == before + 1
+    assert ggml.backends.rpc.client.rpc_wire_stats(server.endpoint)["commands"]["GRAPH_RECOMPUTE"] == before + 1
     assert ggml.backend_tensor_get(f).reshape(-1).tolist() == [23.0] * 8
     ggml.backend_buffer_free(buf)
 
@@ -365,11 +365,11 @@ def test_quantized_rows_ask_the_server_for_their_size(server):
     buft = ggml.backend_rpc_buffer_type(server.endpoint, 0)
     ctx = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
     q = ggml.new_tensor_2d(ctx, ggml.Type.Q4_0, 64, 3)
-    before = ggml.rpc_wire_stats(server.endpoint)["commands"].get("GET_ALLOC_SIZE", 0)
+    before = ggml.backends.rpc.client.rpc_wire_stats(server.endpoint)["commands"].get("GET_ALLOC_SIZE", 0)
     assert ggml.backend_buft_get_alloc_size(buft, q) == ggml.nbytes(q)          # the CPU pads nothing
-    assert ggml.rpc_wire_stats(server.endpoint)["commands"]["GET_ALLOC_SIZE"] == before + 1
+    assert ggml.backends.rpc.client.rpc_wire_stats(server.endpoint)["commands"]["GET_ALLOC_SIZE"] == before + 1
     buf = ggml.backend_alloc_ctx_tensors_from_buft(ctx, buft)
-    assert ggml.rpc_wire_stats(server.endpoint)["commands"]["INIT_TENSOR"] >= 1
+    assert ggml.backends.rpc.client.rpc_wire_stats(server.endpoint)["commands"]["INIT_TENSOR"] >= 1
     ggml.backend_buffer_free(buf)
 
 
@@ -527,9 +527,9 @@ def test_the_weight_cache(tmp_path):
             ctx = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
             t = ggml.new_tensor_1d(ctx, ggml.Type.I8, w.size)
             buf = ggml.backend_alloc_ctx_tensors(ctx, backend)
-            sent = ggml.rpc_wire_stats(srv.endpoint)["sent"]
+            sent = ggml.backends.rpc.client.rpc_wire_stats(srv.endpoint)["sent"]
             ggml.backend_tensor_set(t, w)
-            sent = ggml.rpc_wire_stats(srv.endpoint)["sent"] - sent
+            sent = ggml.backends.rpc.client.rpc_wire_stats(srv.endpoint)["sent"] - sent
             assert np.array_equal(ggml.backend_tensor_get(t, offset=0, size=w.size), w)
             if run == 0:
                 assert sent > w.size
@@ -630,7 +630,7 @@ def test_scheduler_split_uids_let_the_client_recompute(sched_server):
     uids = [sp.graph.uid for sp in sched.splits]
     assert gf.uid > 0 and all(u > gf.uid for u in uids) and len(set(uids)) == len(uids)
     TS._fill_inputs(s)
-    cmds = lambda: ggml.rpc_wire_stats(sched_server.endpoint)["commands"]
+    cmds = lambda: ggml.backends.rpc.client.rpc_wire_stats(sched_server.endpoint)["commands"]
     full0, re0 = cmds().get("GRAPH_COMPUTE", 0), cmds().get("GRAPH_RECOMPUTE", 0)
     assert ggml.backend_sched_graph_compute(sched, gf) == ggml.Status.SUCCESS
     first = ggml.backend_tensor_get(s["out"]).copy()

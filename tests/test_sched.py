@@ -119,7 +119,7 @@ def test_debug_text_matches_ggml(name):
     s, sched, _ = _setup(SCENARIOS[name])
     assert ggml.backend_sched_alloc_graph(sched, s["gf"])
     text = io.StringIO()
-    ggml.backend_sched_print_assignments(sched, s["gf"], 2, file=text)
+    ggml.sched_passes.backend_sched_print_assignments(sched, s["gf"], 2, file=text)
     assert text.getvalue() == REF["scenarios"][name]["debug"]
 
 

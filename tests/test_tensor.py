@@ -376,8 +376,8 @@ def test_can_repeat_and_layout():
     empty = ggml.new_tensor_1d(ctx, F32, 0)
     assert ggml.can_repeat(row, a) and ggml.can_repeat(col, a) and not ggml.can_repeat(odd, a)
     assert ggml.can_repeat(empty, ggml.new_tensor_2d(ctx, F32, 0, 5)) and not ggml.can_repeat(empty, a)
-    assert ggml.are_same_layout(a, ggml.dup_tensor(ctx, a))
-    assert not ggml.are_same_layout(a, ggml.transpose(ctx, ggml.new_tensor_2d(ctx, F32, 3, 4)))
+    assert ggml.layout.are_same_layout(a, ggml.dup_tensor(ctx, a))
+    assert not ggml.layout.are_same_layout(a, ggml.transpose(ctx, ggml.new_tensor_2d(ctx, F32, 3, 4)))
     assert [ggml.n_dims(t) for t in (row, a, col)] == [1, 2, 2]
 
 
@@ -425,14 +425,14 @@ def test_flags():
 def test_op_params_helpers():
     ctx = ggml.init(1 << 16)
     t = ggml.new_tensor_1d(ctx, F32, 4)
-    ggml.set_op_params_i32(t, 0, -7)
-    ggml.set_op_params_f32(t, 5, 10000.0)
-    assert ggml.get_op_params_i32(t, 0) == -7 and ggml.get_op_params_f32(t, 5) == 10000.0
+    ggml.tensor.set_op_params_i32(t, 0, -7)
+    ggml.tensor.set_op_params_f32(t, 5, 10000.0)
+    assert ggml.tensor.get_op_params_i32(t, 0) == -7 and ggml.tensor.get_op_params_f32(t, 5) == 10000.0
     assert t.op_params[5] == 0x461C4000                                # the float's bits
-    ggml.set_op_params(t, np.array([1, 2], dtype=np.int32))
+    ggml.tensor.set_op_params(t, np.array([1, 2], dtype=np.int32))
     assert t.op_params[:3].tolist() == [1, 2, 0]
     with pytest.raises(GGMLError, match="65 bytes"):
-        ggml.set_op_params(t, bytes(65))
+        ggml.tensor.set_op_params(t, bytes(65))
 
 
 # --- host data access ---------------------------------------------------------------------------
@@ -562,7 +562,7 @@ def test_a_tensor_of_a_freed_owned_pool_is_refused_everywhere():
     a = ggml.set_name(ggml.new_tensor_2d(ctx, F32, 4, 3), "a")
     other = ggml.init(1 << 16)
     ggml.free(ctx)
-    assert not ggml.tensor_is_alive(a)
+    assert not ggml.context.tensor_is_alive(a)
     uses = _every_use(a, other)
     used = ggml.used_mem(other)
     for where, use in uses.items():
@@ -572,7 +572,7 @@ def test_a_tensor_of_a_freed_owned_pool_is_refused_everywhere():
                "it owned" in str(e.value), where
         assert ggml.used_mem(other) == used, where                # nothing half-built
     with pytest.raises(GGMLError, match=r"^where: tensor 'a' is gone"):
-        ggml.tensor_check_alive(a, "where")
+        ggml.context.tensor_check_alive(a, "where")
 
 
 def test_a_reset_pool_kills_its_tensors_and_names_unnamed_ones():
@@ -583,7 +583,7 @@ def test_a_reset_pool_kills_its_tensors_and_names_unnamed_ones():
                                         r"its context was reset \(ggml_reset\)"):
         t.numpy()
     fresh = ggml.new_tensor_2d(ctx, F16, 4, 3)                   # the same bytes, a new descriptor
-    assert fresh.data == t.data and ggml.tensor_is_alive(fresh) and not ggml.tensor_is_alive(t)
+    assert fresh.data == t.data and ggml.context.tensor_is_alive(fresh) and not ggml.context.tensor_is_alive(t)
 
 
 def test_tensors_in_callers_memory_outlive_free():
@@ -593,7 +593,7 @@ def test_tensors_in_callers_memory_outlive_free():
     a = ggml.set_name(ggml.new_tensor_2d(ctx, F32, 4, 3), "a")
     a.numpy()[...] = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
     ggml.free(ctx)
-    assert ggml.tensor_is_alive(a)
+    assert ggml.context.tensor_is_alive(a)
     other = ggml.init(1 << 16)
     at = ggml.transpose(other, a)
     assert ggml.get_f32_1d(at, 1) == 4.0                          # read through a view in another context
@@ -613,7 +613,7 @@ def test_a_view_of_a_tensor_whose_memory_is_gone_is_refused():
     with pytest.raises(GGMLError, match=r"get_f32_1d: tensor 'v' is gone: the tensor it views, 'a', is gone: "
                                         r"its context was freed"):
         ggml.get_f32_1d(v, 0)
-    assert not ggml.tensor_is_alive(v)
+    assert not ggml.context.tensor_is_alive(v)
 
 
 # --- core's checks, which every layer (the pool first) uses ----------------------------------------

@@ -100,15 +100,15 @@ def test_traits_rows_agree_with_quantize_chunk():
         tr = ggml.get_type_traits(t)
         q = ggml.quantize_chunk(t, x)
         assert np.array_equal(tr.from_float(x[1]), q[1])
-        assert same_floats(tr.to_float(q[1], 512), ggml.dequantize_rows(t, q, 512)[1])
+        assert same_floats(tr.to_float(q[1], 512), ggml.types.dequantize_rows(t, q, 512)[1])
 
 
 # --- fp16 and bf16 ---------------------------------------------------------------------------
 
 def test_fp16_to_fp32_all_halves():
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    assert same_floats(ggml.fp16_to_fp32_array(h), h.view(np.float16).astype(np.float32))
-    assert np.array_equal(ggml.fp16_to_fp32_array(h).view(np.uint32)[~np.isnan(h.view(np.float16))],
+    assert same_floats(ggml.half.fp16_to_fp32_array(h), h.view(np.float16).astype(np.float32))
+    assert np.array_equal(ggml.half.fp16_to_fp32_array(h).view(np.uint32)[~np.isnan(h.view(np.float16))],
                           h.view(np.float16).astype(np.float32).view(np.uint32)[~np.isnan(h.view(np.float16))])
 
 
@@ -132,21 +132,21 @@ def test_fp32_to_fp16_matches_numpy():
     x = fp32_bit_patterns(np.random.default_rng(1))
     with np.errstate(all="ignore"):
         want = x.astype(np.float16).view(np.uint16)
-    got = ggml.fp32_to_fp16_array(x).view(np.uint16)
+    got = ggml.half.fp32_to_fp16_array(x).view(np.uint16)
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, [(hex(x.view(np.uint32)[i]), hex(got[i]), hex(want[i])) for i in bad[:5]]
 
 
 def test_bf16_matches_gguf_and_ggml_rule():
     x = fp32_bit_patterns(np.random.default_rng(2))
-    got = ggml.fp32_to_bf16_array(x)
+    got = ggml.half.fp32_to_bf16_array(x)
     assert np.array_equal(got.view(np.uint8), gguf_quantize(x.reshape(1, -1), Type.BF16).reshape(-1))
     u = x.view(np.uint32).astype(np.uint64)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     rule = np.where(nan, (u >> 16) | 64, (u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     assert np.array_equal(got, rule)
-    assert np.isnan(ggml.bf16_to_fp32_array(got[nan])).all()
-    back = ggml.bf16_to_fp32_array(got)
+    assert np.isnan(ggml.half.bf16_to_fp32_array(got[nan])).all()
+    back = ggml.half.bf16_to_fp32_array(got)
     assert same_floats(back, gguf_dequantize(got.view(np.uint8), Type.BF16))
     assert ggml.bf16_to_fp32(ggml.fp32_to_bf16(np.float32(1.00390625))) == 1.0   # a tie, to even
 
@@ -182,7 +182,7 @@ def test_dequantize_matches_gguf(t):
         for scale in SCALES:
             for kind in ("normal", "ties", "offset"):
                 q = ggml.quantize_chunk(t, make_rows(rng, *shape, scale, kind))
-                assert same_floats(ggml.dequantize_rows(t, q, shape[1]), gguf_dequantize(q, t)), (shape, scale, kind)
+                assert same_floats(ggml.types.dequantize_rows(t, q, shape[1]), gguf_dequantize(q, t)), (shape, scale, kind)
 
 
 @pytest.mark.parametrize("t", GGUF_DEQUANTIZES, ids=lambda t: t.name)
@@ -192,7 +192,7 @@ def test_dequantize_random_bytes_matches_gguf(t):
     rng = np.random.default_rng(100 + int(t))
     n = 8 * ggml.blck_size(t) if ggml.is_quantized(t) else 1024
     data = rng.integers(0, 256, (64, ggml.row_size(t, n)), dtype=np.uint8)
-    assert same_floats(ggml.dequantize_rows(t, data, n), gguf_dequantize(data, t))
+    assert same_floats(ggml.types.dequantize_rows(t, data, n), gguf_dequantize(data, t))
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -203,7 +203,7 @@ def test_quantize_matches_gguf_property(seed, nrows, nblocks, log_scale, kind, t
     x = make_rows(np.random.default_rng(seed), nrows, 32 * nblocks, 10.0 ** log_scale, kind)
     q = ggml.quantize_chunk(t, x)
     assert np.array_equal(q, gguf_quantize(x, t))
-    assert same_floats(ggml.dequantize_rows(t, q, x.shape[1]), gguf_dequantize(q, t))
+    assert same_floats(ggml.types.dequantize_rows(t, q, x.shape[1]), gguf_dequantize(q, t))
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -213,7 +213,7 @@ def test_quantize_matches_gguf_property(seed, nrows, nblocks, log_scale, kind, t
 def test_k_quants_dequantize_matches_gguf_property(seed, nrows, nblocks, log_scale, kind, t):
     x = make_rows(np.random.default_rng(seed), nrows, 256 * nblocks, 10.0 ** log_scale, kind)
     q = ggml.quantize_chunk(t, x)
-    assert same_floats(ggml.dequantize_rows(t, q, x.shape[1]), gguf_dequantize(q, t))
+    assert same_floats(ggml.types.dequantize_rows(t, q, x.shape[1]), gguf_dequantize(q, t))
 
 
 # --- byte identity with real ggml (fixtures) -------------------------------------------------
@@ -255,7 +255,7 @@ def test_round_trip_bound_32_blocks(t):
     for scale in (1e-3, 1.0, 100.0):
         x = make_rows(rng, 16, 1024, scale, "normal")
         xb = x.reshape(-1, 32)
-        err = np.abs(xb - ggml.dequantize_rows(t, ggml.quantize_chunk(t, x), 1024).reshape(-1, 32))
+        err = np.abs(xb - ggml.types.dequantize_rows(t, ggml.quantize_chunk(t, x), 1024).reshape(-1, 32))
         amax = np.abs(xb).max(axis=1, keepdims=True)
         d = amax / 8 if t == Type.Q4_0 else amax / 127
         r = np.maximum(d * 2.0**-11, 2.0**-25)
@@ -279,7 +279,7 @@ def test_q8_K_bound_and_bsums():
     d = b[:, :4].copy().view(np.float32).reshape(-1, 1)
     qs = b[:, 4:260].view(np.int8).astype(np.int64)
     assert np.array_equal(b[:, 260:].copy().view(np.int16), qs.reshape(-1, 16, 16).sum(axis=2))
-    err = np.abs(x.reshape(-1, 256) - ggml.dequantize_rows(Type.Q8_K, q, 1024).reshape(-1, 256))
+    err = np.abs(x.reshape(-1, 256) - ggml.types.dequantize_rows(Type.Q8_K, q, 1024).reshape(-1, 256))
     assert (err <= np.abs(d) / 2 * (1 + 2.0**-20) + 1e-30).all()
     assert (np.abs(qs).max(axis=1)[np.abs(d[:, 0]) > 0] == 127).all()
 
@@ -313,7 +313,7 @@ def test_k_quant_picks_nearest_stored_level(t, kind):
     grid, dd = q4_K_grid(b) if t == Type.Q4_K else q6_K_grid(b)
     sub = grid.shape[1]
     xs = x.reshape(len(b), sub, -1)
-    got = ggml.dequantize_rows(t, q, 1024).reshape(xs.shape)
+    got = ggml.types.dequantize_rows(t, q, 1024).reshape(xs.shape)
     best = np.abs(xs[..., None] - grid[:, :, None, :]).min(axis=-1)
     live = (dd != 0)[:, :, None] & np.ones_like(xs, bool)
     err = np.abs(xs - got)
@@ -329,7 +329,7 @@ def test_k_quant_picks_nearest_stored_level(t, kind):
 def test_gaussian_rms_error(t, limit):
     """On N(0,1) weights, the rms error the chapter derives (step/sqrt(12)), with a small margin."""
     x = np.random.default_rng(11).standard_normal((64, 4096)).astype(np.float32)
-    err = x - ggml.dequantize_rows(t, ggml.quantize_chunk(t, x), 4096)
+    err = x - ggml.types.dequantize_rows(t, ggml.quantize_chunk(t, x), 4096)
     assert np.sqrt(np.mean(err.astype(np.float64) ** 2)) < limit
 
 
@@ -348,18 +348,18 @@ def test_bad_inputs_raise_with_numbers():
     y[1, 9] = np.inf
     with pytest.raises(GGMLError, match=r"2 of 128 are NaN or inf, the first at index \(1, 5\)"):
         ggml.quantize_chunk(Type.Q8_0, y)
-    assert np.isnan(ggml.dequantize_rows(Type.F16, ggml.quantize_chunk(Type.F16, y), 64)[1, 5])
+    assert np.isnan(ggml.types.dequantize_rows(Type.F16, ggml.quantize_chunk(Type.F16, y), 64)[1, 5])
     with pytest.raises(GGMLError, match=r"unknown ggml type 7"):
         ggml.type_size(7)
     with pytest.raises(GGMLError, match=r"i32 has no float conversion"):
         ggml.quantize_chunk(Type.I32, x)
     q = ggml.quantize_chunk(Type.Q4_0, x)
     with pytest.raises(GGMLError, match=r"64 elements per row take 36 bytes, but the data has shape \(2, 35\)"):
-        ggml.dequantize_rows(Type.Q4_0, q[:, :35], 64)
+        ggml.types.dequantize_rows(Type.Q4_0, q[:, :35], 64)
     with pytest.raises(GGMLError, match=r"70 bytes are not a whole number of rows of 36 bytes"):
-        ggml.dequantize_rows(Type.Q4_0, q.reshape(-1)[:70], 64)
+        ggml.types.dequantize_rows(Type.Q4_0, q.reshape(-1)[:70], 64)
     with pytest.raises(GGMLError, match=r"uint8"):
-        ggml.dequantize_rows(Type.Q4_0, q.astype(np.int16), 64)
+        ggml.types.dequantize_rows(Type.Q4_0, q.astype(np.int16), 64)
     with pytest.raises(GGMLError, match=r"64 elements of q4_0 need 36 bytes, got 20"):
         ggml.get_type_traits(Type.Q4_0).to_float(q[0, :20], 64)
     with pytest.raises(GGMLError, match=r"one row"):

@@ -13,7 +13,7 @@ class Lite:
 
     @staticmethod
     def set_eval_order(gf, order):
-        gf.order = ggml_lite.EvalOrder(order)
+        gf.order = ggml_lite.graph.EvalOrder(order)
 
 
 def describe(ctx, graphs):
@@ -21,7 +21,7 @@ def describe(ctx, graphs):
     base = ctx.base
     tensors = list(ctx)
     index = {id(t): i for i, t in enumerate(tensors)}
-    offs = {id(obj.payload): obj.offs for obj in ctx.objects if obj.type == ggml_lite.ObjectType.TENSOR}
+    offs = {id(obj.payload): obj.offs for obj in ctx.objects if obj.type == ggml_lite.context.ObjectType.TENSOR}
     address = {f"{base + offs[id(t)]:#x}": i for i, t in enumerate(tensors)}
 
     def idx(t):
