@@ -210,14 +210,14 @@ def glu_op_name(op):
 
 def get_unary_op(t):
     """ggml_get_unary_op: the UnaryOp of an Op.UNARY tensor."""
-    require(t.op == Op.UNARY, "get_unary_op", f"'{t.name}' has op {op_name(t.op)}",
+    require(t.op == Op.UNARY, "get_unary_op", lambda: f"'{t.name}' has op {op_name(t.op)}",
             assertion="tensor->op == GGML_OP_UNARY")
     return UnaryOp(get_op_params_i32(t, 0))
 
 
 def get_glu_op(t):
     """ggml_get_glu_op: the GluOp of an Op.GLU tensor."""
-    require(t.op == Op.GLU, "get_glu_op", f"'{t.name}' has op {op_name(t.op)}",
+    require(t.op == Op.GLU, "get_glu_op", lambda: f"'{t.name}' has op {op_name(t.op)}",
             assertion="tensor->op == GGML_OP_GLU")
     return GluOp(get_op_params_i32(t, 0))
 

@@ -62,7 +62,7 @@ def _pack(result, fmt, *values):
 def _binary(ctx, a, b, op, inplace, where):
     _alive(where, a, b)
     require(can_repeat(b, a), where,
-            f"b.ne={_ne(b)} does not repeat into a.ne={_ne(a)} "
+            lambda: f"b.ne={_ne(b)} does not repeat into a.ne={_ne(a)} "
             f"(every a.ne[i] must be a multiple of b.ne[i]; b is broadcast into a, not a into b)",
             assertion="ggml_can_repeat(b, a)")
     return _record(_result(ctx, a, inplace), op, a, b)
@@ -118,11 +118,11 @@ def mul_mat(ctx, a, b):
     ok = (a.ne[0] == b.ne[0] and a.ne[2] > 0 and a.ne[3] > 0
           and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0)
     require(ok, "mul_mat",
-            f"a.ne={_ne(a)}, b.ne={_ne(b)}: need a.ne[0] == b.ne[0] (the shared row length) "
+            lambda: f"a.ne={_ne(a)}, b.ne={_ne(b)}: need a.ne[0] == b.ne[0] (the shared row length) "
             f"and b.ne[2], b.ne[3] multiples of a.ne[2], a.ne[3]",
             assertion="ggml_can_mul_mat(a, b)")
     require(not is_transposed(a), "mul_mat",
-            f"a.ne={_ne(a)} has nb={a.nb} (nb[0] > nb[1]); make it contiguous first (cont)",
+            lambda: f"a.ne={_ne(a)} has nb={a.nb} (nb[0] > nb[1]); make it contiguous first (cont)",
             assertion="!ggml_is_transposed(a)")
     result = new_tensor_4d(ctx, Type.F32, a.ne[1], b.ne[1], b.ne[2], b.ne[3])
     return _record(result, Op.MUL_MAT, a, b)
@@ -131,14 +131,14 @@ def mul_mat(ctx, a, b):
 def mul_mat_set_prec(a, prec):
     """ggml_mul_mat_set_prec: ask the backend for F32 accumulation (op_params[0])."""
     _alive("mul_mat_set_prec", a)
-    require(a.op == Op.MUL_MAT, "mul_mat_set_prec", f"'{a.name}' has op {op_name(a.op)}",
+    require(a.op == Op.MUL_MAT, "mul_mat_set_prec", lambda: f"'{a.name}' has op {op_name(a.op)}",
             assertion="a->op == GGML_OP_MUL_MAT")
     set_op_params_i32(a, 0, int(_enum(Prec, prec, "mul_mat_set_prec")))
 
 # %% book/03_ops.ipynb #ops-scale-norm
 def _scale_impl(ctx, a, s, b, inplace, where):
     _alive(where, a)
-    require(is_padded_1d(a), where, f"a.ne={_ne(a)} nb={a.nb}: rows must be dense and dims 2, 3 packed",
+    require(is_padded_1d(a), where, lambda: f"a.ne={_ne(a)} nb={a.nb}: rows must be dense and dims 2, 3 packed",
             assertion="ggml_is_padded_1d(a)")
     result = _result(ctx, a, inplace)
     _pack(result, "ff", s, b)
@@ -194,21 +194,21 @@ def rms_norm_inplace(ctx, a, eps):
 # %% book/03_ops.ipynb #ops-softmax
 def _soft_max_impl(ctx, a, mask, scale, max_bias, inplace, where):
     _alive(where, a, mask)
-    require(is_contiguous(a), where, f"a.ne={_ne(a)} nb={a.nb}", assertion="ggml_is_contiguous(a)")
+    require(is_contiguous(a), where, lambda: f"a.ne={_ne(a)} nb={a.nb}", assertion="ggml_is_contiguous(a)")
     if mask is not None:
-        require(mask.type in (Type.F16, Type.F32), where, f"the mask is {type_name(mask.type)}",
+        require(mask.type in (Type.F16, Type.F32), where, lambda: f"the mask is {type_name(mask.type)}",
                 assertion="mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32")
-        require(is_contiguous(mask), where, f"mask.ne={_ne(mask)} nb={mask.nb}",
+        require(is_contiguous(mask), where, lambda: f"mask.ne={_ne(mask)} nb={mask.nb}",
                 assertion="ggml_is_contiguous(mask)")
-        require(mask.ne[0] == a.ne[0], where, f"mask.ne={_ne(mask)}, a.ne={_ne(a)}",
+        require(mask.ne[0] == a.ne[0], where, lambda: f"mask.ne={_ne(mask)}, a.ne={_ne(a)}",
                 assertion="mask->ne[0] == a->ne[0]")
-        require(mask.ne[1] >= a.ne[1], where, f"mask.ne={_ne(mask)} has fewer rows than a.ne={_ne(a)}",
+        require(mask.ne[1] >= a.ne[1], where, lambda: f"mask.ne={_ne(mask)} has fewer rows than a.ne={_ne(a)}",
                 assertion="mask->ne[1] >= a->ne[1]")
         for d in (2, 3):          # a zero divisor is refused too (ggml dies of SIGFPE there)
             require(mask.ne[d] > 0 and a.ne[d] % mask.ne[d] == 0, where,
-                    f"mask.ne={_ne(mask)} does not broadcast over a.ne={_ne(a)} in dim {d}",
+                    lambda: f"mask.ne={_ne(mask)} does not broadcast over a.ne={_ne(a)} in dim {d}",
                     assertion=f"a->ne[{d}]%mask->ne[{d}] == 0")
-    require(max_bias <= 0.0 or mask is not None, where, f"max_bias = {max_bias} > 0 (ALiBi) needs a mask",
+    require(max_bias <= 0.0 or mask is not None, where, lambda: f"max_bias = {max_bias} > 0 (ALiBi) needs a mask",
             assertion="mask")
     result = _result(ctx, a, inplace)
     _pack(result, "ff", scale, max_bias)
@@ -241,13 +241,13 @@ def soft_max_add_sinks(a, sinks):
     if sinks is None:
         a.src[2] = None
         return
-    require(a.op == Op.SOFT_MAX, "soft_max_add_sinks", f"'{a.name}' has op {op_name(a.op)}",
+    require(a.op == Op.SOFT_MAX, "soft_max_add_sinks", lambda: f"'{a.name}' has op {op_name(a.op)}",
             assertion="a->op == GGML_OP_SOFT_MAX")
     require(a.src[2] is None, "soft_max_add_sinks", "sinks already set", assertion="a->src[2] == NULL")
     require(a.src[0].ne[2] == sinks.ne[0], "soft_max_add_sinks",
-            f"{a.src[0].ne[2]} heads but {sinks.ne[0]} sinks",
+            lambda: f"{a.src[0].ne[2]} heads but {sinks.ne[0]} sinks",
             assertion="a->src[0]->ne[2] == sinks->ne[0]")
-    require(sinks.type == Type.F32, "soft_max_add_sinks", f"the sinks are {type_name(sinks.type)}",
+    require(sinks.type == Type.F32, "soft_max_add_sinks", lambda: f"the sinks are {type_name(sinks.type)}",
             assertion="sinks->type == GGML_TYPE_F32")
     a.src[2] = sinks
 
@@ -272,20 +272,20 @@ def diag_mask_inf_inplace(ctx, a, n_past):
 def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale,
                ext_factor, attn_factor, beta_fast, beta_slow, inplace, where):
     _alive(where, a, b, c)
-    require(mode & 1 == 0, where, f"mode = {mode}",
+    require(mode & 1 == 0, where, lambda: f"mode = {mode}",
             assertion='(mode & 1) == 0 && "mode & 1 == 1 is no longer supported"')
-    require(is_vector(b), where, f"the positions have ne={_ne(b)}", assertion="ggml_is_vector(b)")
-    require(b.type == Type.I32, where, f"the positions are {type_name(b.type)}",
+    require(is_vector(b), where, lambda: f"the positions have ne={_ne(b)}", assertion="ggml_is_vector(b)")
+    require(b.type == Type.I32, where, lambda: f"the positions are {type_name(b.type)}",
             assertion="b->type == GGML_TYPE_I32")
     mrope = bool(mode & ROPE_TYPE_MROPE)
     per_token = 4 if mrope else 1
     require(a.ne[2] * per_token == b.ne[0], where,
-            f"a.ne={_ne(a)} has {a.ne[2]} tokens (dim 2) but b has {b.ne[0]} positions",
+            lambda: f"a.ne={_ne(a)} has {a.ne[2]} tokens (dim 2) but b has {b.ne[0]} positions",
             assertion="a->ne[2] * 4 == b->ne[0]" if mrope else "a->ne[2] == b->ne[0]")
     if c is not None:
-        require(c.type == Type.F32, where, f"the frequency factors are {type_name(c.type)}",
+        require(c.type == Type.F32, where, lambda: f"the frequency factors are {type_name(c.type)}",
                 assertion="c->type == GGML_TYPE_F32")
-        require(c.ne[0] >= n_dims // 2, where, f"{c.ne[0]} frequency factors for n_dims = {n_dims}",
+        require(c.ne[0] >= n_dims // 2, where, lambda: f"{c.ne[0]} frequency factors for n_dims = {n_dims}",
                 assertion="c->ne[0] >= n_dims / 2")
     result = _result(ctx, a, inplace)
     sections = list(sections) if (mrope and sections is not None) else [0] * MROPE_SECTIONS
@@ -330,12 +330,12 @@ def rope_multi(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq
 def get_rows(ctx, a, b):
     """ggml_get_rows: rows of a picked by the I32 indices b; F32 (I32 for I32 a) [a.ne0, b.ne0, b.ne1, b.ne2]."""
     _alive("get_rows", a, b)
-    require(a.ne[2] == b.ne[1], "get_rows", f"a.ne={_ne(a)}, b.ne={_ne(b)}",
+    require(a.ne[2] == b.ne[1], "get_rows", lambda: f"a.ne={_ne(a)}, b.ne={_ne(b)}",
             assertion="a->ne[2] == b->ne[1]")
-    require(a.ne[3] == b.ne[2], "get_rows", f"a.ne={_ne(a)}, b.ne={_ne(b)}",
+    require(a.ne[3] == b.ne[2], "get_rows", lambda: f"a.ne={_ne(a)}, b.ne={_ne(b)}",
             assertion="a->ne[3] == b->ne[2]")
-    require(b.ne[3] == 1, "get_rows", f"b.ne={_ne(b)}", assertion="b->ne[3] == 1")
-    require(b.type == Type.I32, "get_rows", f"the indices are {type_name(b.type)}",
+    require(b.ne[3] == 1, "get_rows", lambda: f"b.ne={_ne(b)}", assertion="b->ne[3] == 1")
+    require(b.type == Type.I32, "get_rows", lambda: f"the indices are {type_name(b.type)}",
             assertion="b->type == GGML_TYPE_I32")
     rtype = Type.I32 if a.type == Type.I32 else Type.F32
     result = new_tensor_4d(ctx, rtype, a.ne[0], b.ne[0], b.ne[1], b.ne[2])
@@ -358,7 +358,7 @@ def cpy(ctx, a, b):
     """ggml_cpy: a converted into b's type and layout; the result is a view of b (it writes b)."""
     _alive("cpy", a, b)
     require(nelements(a) == nelements(b), "cpy",
-            f"a.ne={_ne(a)} has {nelements(a)} elements, b.ne={_ne(b)} has {nelements(b)}",
+            lambda: f"a.ne={_ne(a)} has {nelements(a)} elements, b.ne={_ne(b)} has {nelements(b)}",
             assertion="ggml_nelements(a) == ggml_nelements(b)")
     result = view_tensor(ctx, b)
     if b.name:
@@ -388,7 +388,7 @@ def _cont_nd(ctx, a, ne, where):
     _alive(where, a)
     n = ne[0] * ne[1] * ne[2] * ne[3]
     require(nelements(a) == n, where,
-            f"a.ne={_ne(a)} has {nelements(a)} elements, the new shape {list(ne)} has {n}",
+            lambda: f"a.ne={_ne(a)} has {nelements(a)} elements, the new shape {list(ne)} has {n}",
             assertion="ggml_nelements(a) == (ne0*ne1*ne2*ne3)")
     result = new_tensor_4d(ctx, a.type, *ne)
     format_name(result, "%s (cont)", a.name)
@@ -418,7 +418,7 @@ def cont_4d(ctx, a, ne0, ne1, ne2, ne3):
 def _unary_impl(ctx, a, op, inplace, where="unary"):
     _alive(where, a)
     op = _enum(UnaryOp, op, where)
-    require(is_contiguous_rows(a), where, f"a.ne={_ne(a)} nb={a.nb}: rows must be dense",
+    require(is_contiguous_rows(a), where, lambda: f"a.ne={_ne(a)} nb={a.nb}: rows must be dense",
             assertion="ggml_is_contiguous_rows(a)")
     result = _result(ctx, a, inplace)
     _pack(result, "i", op)
@@ -468,11 +468,11 @@ def relu(ctx, a):
 def _glu_impl(ctx, a, b, op, swapped, where):
     _alive(where, a, b)
     op = _enum(GluOp, op, where)
-    require(is_contiguous_1(a), where, f"a.ne={_ne(a)} nb={a.nb}", assertion="ggml_is_contiguous_1(a)")
+    require(is_contiguous_1(a), where, lambda: f"a.ne={_ne(a)} nb={a.nb}", assertion="ggml_is_contiguous_1(a)")
     if b is not None:
-        require(is_contiguous_1(b), where, f"b.ne={_ne(b)} nb={b.nb}", assertion="ggml_is_contiguous_1(b)")
+        require(is_contiguous_1(b), where, lambda: f"b.ne={_ne(b)} nb={b.nb}", assertion="ggml_is_contiguous_1(b)")
         require_same_shape(a, b, where)
-        require(a.type == b.type, where, f"{type_name(a.type)} and {type_name(b.type)}",
+        require(a.type == b.type, where, lambda: f"{type_name(a.type)} and {type_name(b.type)}",
                 assertion="a->type == b->type")
     ne = list(a.ne) if b is not None else [a.ne[0] // 2] + list(a.ne[1:])
     result = new_tensor(ctx, a.type, MAX_DIMS, ne)
@@ -547,7 +547,7 @@ def mean(ctx, a):
 def repeat(ctx, a, b):
     """ggml_repeat: a tiled to b's shape (a must repeat into b)."""
     _alive("repeat", a, b)
-    require(can_repeat(a, b), "repeat", f"a.ne={_ne(a)} does not repeat into b.ne={_ne(b)}",
+    require(can_repeat(a, b), "repeat", lambda: f"a.ne={_ne(a)} does not repeat into b.ne={_ne(b)}",
             assertion="ggml_can_repeat(a, b)")
     return _record(new_tensor(ctx, a.type, MAX_DIMS, b.ne), Op.REPEAT, a)
 
@@ -557,19 +557,19 @@ def repeat_4d(ctx, a, ne0, ne1, ne2, ne3):
     _alive("repeat_4d", a)
     ne = [ne0, ne1, ne2, ne3]
     ok = any(n == 0 for n in a.ne) or all(a.ne[i] and ne[i] % a.ne[i] == 0 for i in range(MAX_DIMS))
-    require(ok, "repeat_4d", f"a.ne={_ne(a)} does not repeat into {ne}", assertion="can_repeat")
+    require(ok, "repeat_4d", lambda: f"a.ne={_ne(a)} does not repeat into {ne}", assertion="can_repeat")
     return _record(new_tensor_4d(ctx, a.type, *ne), Op.REPEAT, a)
 
 
 def concat(ctx, a, b, dim):
     """ggml_concat: a and b joined along dimension dim."""
     _alive("concat", a, b)
-    require(0 <= dim < MAX_DIMS, "concat", f"dim = {dim}", assertion="dim >= 0 && dim < GGML_MAX_DIMS")
-    require(a.type == b.type, "concat", f"{type_name(a.type)} and {type_name(b.type)}",
+    require(0 <= dim < MAX_DIMS, "concat", lambda: f"dim = {dim}", assertion="dim >= 0 && dim < GGML_MAX_DIMS")
+    require(a.type == b.type, "concat", lambda: f"{type_name(a.type)} and {type_name(b.type)}",
             assertion="a->type == b->type")
     for d in range(MAX_DIMS):
         require(d == dim or a.ne[d] == b.ne[d], "concat",
-                f"a.ne={_ne(a)}, b.ne={_ne(b)} differ in dim {d} (joining along dim {dim})",
+                lambda: f"a.ne={_ne(a)}, b.ne={_ne(b)} differ in dim {d} (joining along dim {dim})",
                 assertion="a->ne[d] == b->ne[d]")
     ne = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(MAX_DIMS)]
     result = new_tensor(ctx, a.type, MAX_DIMS, ne)

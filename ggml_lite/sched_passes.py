@@ -23,7 +23,7 @@ from ggml_lite.sched_state import (BackendSchedSplit, SCHED_MAX_SPLIT_INPUTS,
 
 _log = logging.getLogger("ggml_lite.sched")
 
-
+# %% book/09_sched.ipynb #sched-pass1-rule
 def _backend_from_buffer(sched, tensor, op):
     """The highest-priority backend that can use tensor's buffer and run op; -1 if none."""
     buffer = tensor.view_src.buffer if tensor.view_src is not None else tensor.buffer

@@ -24,7 +24,7 @@ from ggml_lite.types import is_quantized
 
 _log = logging.getLogger("ggml_lite.rpc")
 
-
+# %% book/10_rpc.ipynb #rpc-connection-class
 class _Connection:
     """One TCP socket to one server, shared by the buffers of that endpoint and by whoever is
     sending a command; it closes when the last of them lets go (ggml's get_socket keeps weak

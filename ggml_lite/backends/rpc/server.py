@@ -37,7 +37,7 @@ from ggml_lite.types import Type, blck_size
 
 _log = logging.getLogger("ggml_lite.rpc")
 
-
+# %% book/10_rpc.ipynb #rpc-server-io
 class _ServerIO:
     """The bytes of one connection: exact reads (a vanished client is ClientGone) and replies."""
 
