@@ -17,7 +17,7 @@ MAX_SRC = 10          # GGML_MAX_SRC: operands per op
 MAX_OP_PARAMS = 64    # GGML_MAX_OP_PARAMS: bytes of op parameters, int32_t op_params[16]
 MAX_NAME = 64         # GGML_MAX_NAME: char name[64], so at most 63 characters are kept
 MEM_ALIGN = 16        # GGML_MEM_ALIGN on 64-bit machines
-OBJECT_SIZE = 32      # sizeof(struct ggml_object): the header in front of every object
+OBJECT_SIZE = 32      # GGML_OBJECT_SIZE (ggml.c): sizeof(struct ggml_object), the header in front of every object
 TENSOR_SIZE = 336     # sizeof(struct ggml_tensor) on 64-bit machines
 
 

@@ -82,7 +82,7 @@ def test_with_ctx_takes_the_work_buffer_from_the_pool():
     before = ggml.used_mem(ctx)
     work = ggml.graph_plan(gf, 2).work_size
     assert ggml.graph_compute_with_ctx(ctx, gf, 2) == Status.SUCCESS
-    assert ggml.used_mem(ctx) == before + ggml.OBJECT_SIZE + (work + 15) // 16 * 16   # ggml_new_buffer
+    assert ggml.used_mem(ctx) == before + ggml.context.OBJECT_SIZE + (work + 15) // 16 * 16   # ggml_new_buffer
 
 
 def test_repeated_compute_of_200_nodes_allocates_nothing():

@@ -20,7 +20,7 @@ F32, F16, I32, Q4_0, Q4_K, BF16 = Type.F32, Type.F16, Type.I32, Type.Q4_0, Type.
 
 def test_overheads():
     assert ggml.tensor_overhead() == 368          # ggml: ggml_tensor_overhead()
-    assert ggml.OBJECT_SIZE + ggml.TENSOR_SIZE == 368
+    assert ggml.context.OBJECT_SIZE + ggml.TENSOR_SIZE == 368
 
 
 # ggml: (name, ne, nb, nbytes, data offset from mem_buffer, used_mem after the call)
