@@ -664,12 +664,16 @@ def test_env_path_is_loaded_by_load_all(tmp_path, monkeypatch, clean_registry):
 
 
 def test_init_best_prefers_gpu(clean_registry):
+    # the registry may hold GPU devices registered by earlier tests (an RPC server's device):
+    # init_best takes the first GPU in registry order, so this test makes its device the only one
+    saved = list(gb._registry.devices)
+    gb._registry.devices[:] = [d for d in saved if d.get_type() != ggml.BackendDevType.GPU]
     dev = EventDevice(None)                                  # type GPU
     ggml.backend_device_register(dev)
     try:
         assert ggml.backend_init_best().device is dev
     finally:
-        gb._registry.devices.remove(dev)
+        gb._registry.devices[:] = saved
 
 
 # --- BLAS --------------------------------------------------------------------------------------
