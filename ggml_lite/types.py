@@ -50,6 +50,8 @@ _LAYOUT = {
 
 # %% book/01_types.ipynb #types-enum-traits
 def _as_type(t) -> Type:
+    if t.__class__ is Type:                 # the common case, without Enum's lookup (hot: nbytes)
+        return t
     try:
         return Type(t)
     except ValueError:
