@@ -168,7 +168,7 @@ def _lower_norm(node, p, nth):
         return None
     return [(_NORM_KIND[node.op], [], (d, a), (get_op_params_f32(node, 0),))]
 
-
+# %% book/06_cpu_compute.ipynb #native-lower-mul-mat
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
     t, src1 = node.src[0].type, node.src[1]

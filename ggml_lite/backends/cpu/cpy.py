@@ -55,7 +55,7 @@ def _get_rows(a, ta, idx, d, ith, nth):
         _get_row(a[i12, i11, i01], ta, d[i12, i11, i10])
     return -1
 
-
+# %% book/05_cpu_kernels.ipynb #kern-getrows-api
 def forward_get_rows(src0, src1, dst, ith=0, nth=1, src0_type=None):
     """dst[i12, i11, i10] = row src1[i10, i11, i12] of src0's slice (i11, i12), as float32.
     src0 F32/F16/BF16, or quantized bytes (give src0_type); an int32 src0 (I32) gives int32 rows,

@@ -200,7 +200,7 @@ def _packed(t):
         nb *= t.ne[i] // blck_size(t.type) if i == 0 else t.ne[i]
     return True
 
-
+# %% book/06_cpu_compute.ipynb #table-supports-kinds
 def _supports_unary(node):
     pairs = unary_types(get_unary_op(node))
     if (node.src[0].type, node.type) not in pairs:
@@ -413,7 +413,7 @@ def _op_text(node):
     except ValueError:
         return f"{op_name(node.op)} of kind id {int(node.op_params[0])}"
 
-
+# %% book/06_cpu_compute.ipynb #table-answer
 def cpu_unsupported_reason(node):
     """None if the CPU computes node (op, kind, types, layouts); else why not, in words."""
     if op_is_empty(node.op):
