@@ -29,7 +29,7 @@ from numba import njit
 
 import ggml_lite as ggml
 from ggml_lite.backends.cpu import compute as C
-from ggml_lite.backends.cpu import kernels as K
+from ggml_lite.backends.cpu import binary_ops
 from ggml_lite.backends.cpu import vec as V
 
 HERE = Path(__file__).resolve().parent
@@ -53,7 +53,7 @@ def best(fn, reps=200, warmup=3, min_time=0.3):
 @njit(cache=True, nogil=True)
 def _binary_loop(count, a, b, d, ta, tb, td):
     for _ in range(count):
-        K.binary_kernel(0, a, b, d, ta, tb, td, 0, 1)
+        binary_ops.binary_kernel(0, a, b, d, ta, tb, td, 0, 1)
 
 
 def _prepared(gf, plan):
@@ -98,9 +98,9 @@ def add_chain(n_nodes=1000, ne0=16):
     t0 = tasks[0]
     out["one task call"] = best(lambda: t0.run(0, 1))
     a, bb, d = x.numpy(), b.numpy(), cur.numpy()
-    out["forward_add called directly"] = best(lambda: K.forward_add(a, bb, d, 0, 1))
+    out["forward_add called directly"] = best(lambda: binary_ops.forward_add(a, bb, d, 0, 1))
     a4, b4, d4 = a.reshape(1, 1, 1, -1), bb.reshape(1, 1, 1, -1), d.reshape(1, 1, 1, -1)
-    out["numba dispatch + kernel"] = best(lambda: K.binary_kernel(0, a4, b4, d4, 0, 0, 0, 0, 1))
+    out["numba dispatch + kernel"] = best(lambda: binary_ops.binary_kernel(0, a4, b4, d4, 0, 0, 0, 0, 1))
     out["kernel alone (inside numba)"] = best(lambda: _binary_loop(n_nodes, a4, b4, d4, 0, 0, 0), 20) / n_nodes
     per_compute = {"prepared-tasks check": best(lambda: prepared.fits(gf, plan), 20)}
     for nt in (1, 2):

@@ -37,13 +37,13 @@ def test_seed_example_reuses_one_plan(n_threads):
 def test_n_tasks_follow_ggml():
     ctx = ggml.init(1 << 20)
     a = ggml.new_tensor_2d(ctx, F32, 8, 3)
-    assert ggml.get_n_tasks(ggml.add(ctx, a, a), 4) == 4
-    assert ggml.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml counts one task for SUB
-    assert ggml.get_n_tasks(ggml.soft_max(ctx, a), 8) == 3        # min(n_threads, rows)
-    assert ggml.get_n_tasks(ggml.sum(ctx, a), 4) == 1
-    assert ggml.get_n_tasks(ggml.silu(ctx, a), 4) == 4
-    assert ggml.get_n_tasks(ggml.get_rows(ctx, a, ggml.new_tensor_1d(ctx, Type.I32, 2)), 4) == 1
-    assert ggml.get_n_tasks(ggml.transpose(ctx, a), 4) == 1
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.add(ctx, a, a), 4) == 4
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.sub(ctx, a, a), 4) == 1          # ggml counts one task for SUB
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.soft_max(ctx, a), 8) == 3        # min(n_threads, rows)
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.sum(ctx, a), 4) == 1
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.silu(ctx, a), 4) == 4
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.get_rows(ctx, a, ggml.new_tensor_1d(ctx, Type.I32, 2)), 4) == 1
+    assert ggml.backends.cpu.compute.get_n_tasks(ggml.transpose(ctx, a), 4) == 1
 
 
 @pytest.mark.parametrize("wtype,vdt", [(Type.Q4_0, Type.Q8_0), (Type.Q4_K, Type.Q8_K), (Type.F16, Type.F16),
@@ -55,7 +55,7 @@ def test_work_size_formula(wtype, vdt):
     gf = ggml.new_graph(ctx)
     ggml.build_forward_expand(gf, ggml.mul_mat(ctx, w, x))
     plan = ggml.graph_plan(gf, 3)
-    want = 0 if vdt is None else ggml.row_size(vdt, 256 * 5) + ggml.CACHE_LINE_SIZE * 3
+    want = 0 if vdt is None else ggml.row_size(vdt, 256 * 5) + ggml.backends.cpu.table.CACHE_LINE_SIZE * 3
     assert plan.work_size == want
 
 

@@ -16,8 +16,17 @@ import numpy as np
 import pytest
 from numba import njit
 
-from ggml_lite.backends.cpu import kernels as K
+from ggml_lite.backends.cpu.binary_ops import forward_add, forward_div, forward_mul, forward_sub
+from ggml_lite.backends.cpu.common import get_thread_range
+from ggml_lite.backends.cpu.cpy import forward_dup, forward_get_rows
+from ggml_lite.backends.cpu.ops import (forward_concat, forward_diag_mask_inf, forward_mean, forward_norm,
+                                        forward_repeat, forward_rms_norm, forward_rope, forward_scale,
+                                        forward_soft_max, forward_sum, forward_sum_rows)
+from ggml_lite.backends.cpu.quants import quantize_row_q8_0
+from ggml_lite.backends.cpu.unary_ops import (forward_gelu, forward_glu, forward_silu, forward_swiglu,
+                                              forward_unary)
 from ggml_lite.backends.cpu import simd as S
+from ggml_lite.backends.cpu import unary_ops
 from ggml_lite.backends.cpu import vec as V
 import ggml_lite as ggml
 from ggml_lite.core import GGMLError
@@ -65,7 +74,7 @@ def assert_close(kernel, args, like, ref, limit=1e-7, **kw):
 @pytest.mark.parametrize("nr", [0, 1, 5, 10, 17])
 @pytest.mark.parametrize("nth", [1, 2, 3, 4, 7])
 def test_get_thread_range_covers_rows_once(nr, nth):
-    ranges = [K.get_thread_range(nr, ith, nth) for ith in range(nth)]
+    ranges = [get_thread_range(nr, ith, nth) for ith in range(nth)]
     rows = [r for a, b in ranges for r in range(a, b)]
     assert rows == list(range(nr))
     dr = -(-nr // nth)
@@ -80,17 +89,17 @@ def block_owner(nrows, nth):
 
 ROW_OPS = {
     # name: (call(src, out, ith, nth), pattern): pattern "block" over all rows, "strided" per matrix
-    "add": (lambda x, o, i, n: K.forward_add(x, x[:, :, :1], o, i, n), "block"),
-    "scale": (lambda x, o, i, n: K.forward_scale(x, o, 3.0, 0.0, i, n), "block"),
-    "silu": (lambda x, o, i, n: K.forward_silu(x, o, i, n), "block"),
-    "gelu": (lambda x, o, i, n: K.forward_gelu(x, o, i, n), "block"),
-    "relu": (lambda x, o, i, n: K.forward_unary(x, o, UnaryOp.RELU, i, n), "block"),
-    "gelu_quick": (lambda x, o, i, n: K.forward_unary(x, o, UnaryOp.GELU_QUICK, i, n), "block"),
-    "rope": (lambda x, o, i, n: K.forward_rope(x, np.arange(x.shape[1], dtype=np.int32), o, 4, 0, ith=i, nth=n), "block"),
-    "rms_norm": (lambda x, o, i, n: K.forward_rms_norm(x, o, 1e-6, i, n), "strided"),
-    "norm": (lambda x, o, i, n: K.forward_norm(x, o, 1e-6, i, n), "strided"),
-    "soft_max": (lambda x, o, i, n: K.forward_soft_max(x, None, o, 1.0, 0.0, i, n), "strided"),
-    "diag_mask_inf": (lambda x, o, i, n: K.forward_diag_mask_inf(x, o, 2, i, n), "strided"),
+    "add": (lambda x, o, i, n: forward_add(x, x[:, :, :1], o, i, n), "block"),
+    "scale": (lambda x, o, i, n: forward_scale(x, o, 3.0, 0.0, i, n), "block"),
+    "silu": (lambda x, o, i, n: forward_silu(x, o, i, n), "block"),
+    "gelu": (lambda x, o, i, n: forward_gelu(x, o, i, n), "block"),
+    "relu": (lambda x, o, i, n: forward_unary(x, o, UnaryOp.RELU, i, n), "block"),
+    "gelu_quick": (lambda x, o, i, n: forward_unary(x, o, UnaryOp.GELU_QUICK, i, n), "block"),
+    "rope": (lambda x, o, i, n: forward_rope(x, np.arange(x.shape[1], dtype=np.int32), o, 4, 0, ith=i, nth=n), "block"),
+    "rms_norm": (lambda x, o, i, n: forward_rms_norm(x, o, 1e-6, i, n), "strided"),
+    "norm": (lambda x, o, i, n: forward_norm(x, o, 1e-6, i, n), "strided"),
+    "soft_max": (lambda x, o, i, n: forward_soft_max(x, None, o, 1.0, 0.0, i, n), "strided"),
+    "diag_mask_inf": (lambda x, o, i, n: forward_diag_mask_inf(x, o, 2, i, n), "strided"),
 }
 
 
@@ -118,21 +127,21 @@ def test_each_thread_writes_exactly_its_rows(name, nth):
 def test_thread_zero_only_ops(nth):
     x = U(10, 5, 4, 3)
     for ith in range(1, nth):
-        for kernel, out in ((K.forward_sum, np.full((1, 1, 1, 1), np.nan, np.float32)),
-                            (K.forward_sum_rows, np.full((3, 4, 5, 1), np.nan, np.float32)),
-                            (K.forward_mean, np.full((3, 4, 5, 1), np.nan, np.float32)),
-                            (K.forward_repeat, np.full((3, 4, 10, 20), np.nan, np.float32))):
-            kernel(x if kernel is not K.forward_repeat else x[:1, :1], out, ith, nth)
+        for kernel, out in ((forward_sum, np.full((1, 1, 1, 1), np.nan, np.float32)),
+                            (forward_sum_rows, np.full((3, 4, 5, 1), np.nan, np.float32)),
+                            (forward_mean, np.full((3, 4, 5, 1), np.nan, np.float32)),
+                            (forward_repeat, np.full((3, 4, 10, 20), np.nan, np.float32))):
+            kernel(x if kernel is not forward_repeat else x[:1, :1], out, ith, nth)
             assert np.isnan(out).all()
 
 
 @pytest.mark.parametrize("nth", NTH)
 def test_get_rows_concat_dup_partitions_are_disjoint_and_complete(nth):
     cases = [
-        (lambda o, i, n: K.forward_get_rows(U(16, 5, 3, 2)[:, :, :, :], np.tile(np.arange(4, dtype=np.int32), (1, 2, 3, 1)), o, i, n),
+        (lambda o, i, n: forward_get_rows(U(16, 5, 3, 2)[:, :, :, :], np.tile(np.arange(4, dtype=np.int32), (1, 2, 3, 1)), o, i, n),
          (2, 3, 4, 16)),
-        (lambda o, i, n: K.forward_concat(A5, B5, o, 2, i, n), (5, 8, 5, 10)),
-        (lambda o, i, n: K.forward_dup(X10.transpose(0, 1, 3, 2), o, i, n), (1, 10, 10, 10)),
+        (lambda o, i, n: forward_concat(A5, B5, o, 2, i, n), (5, 8, 5, 10)),
+        (lambda o, i, n: forward_dup(X10.transpose(0, 1, 3, 2), o, i, n), (1, 10, 10, 10)),
     ]
     for call, shape in cases:
         written = np.zeros(shape, int)
@@ -162,8 +171,8 @@ def test_binary_ops_broadcast_by_modulo(ne_a, ne_b):
     a, b = U(*ne_a), U(*ne_b, lo=0.5, hi=1.5)
     reps = tuple(n // m for n, m in zip(a.shape, b.shape))
     bb = np.tile(b, reps).astype(np.float64)
-    for kernel, op in ((K.forward_add, np.add), (K.forward_sub, np.subtract),
-                       (K.forward_mul, np.multiply), (K.forward_div, np.divide)):
+    for kernel, op in ((forward_add, np.add), (forward_sub, np.subtract),
+                       (forward_mul, np.multiply), (forward_div, np.divide)):
         assert_close(kernel, (a, b, OUT), a, op(a.astype(np.float64), bb))
 
 
@@ -171,7 +180,7 @@ def test_binary_ops_on_a_strided_view():
     big = U(20, 6, 4, 1)
     a = big[:, ::2, :, ::2]                            # every other row and element
     b = U(10, 1, 1, 1)
-    assert_close(K.forward_add, (a, b, OUT), np.empty(a.shape, np.float32), a.astype(np.float64) + b)
+    assert_close(forward_add, (a, b, OUT), np.empty(a.shape, np.float32), a.astype(np.float64) + b)
 
 
 @pytest.mark.parametrize("types", [("f16", "f16", "f16"), ("bf16", "bf16", "bf16"), ("f16", "f32", "f16"),
@@ -183,7 +192,7 @@ def test_binary_type_triples(types):
     ta, tb, td = types
     a, b = store[ta](a32), store[tb](b32)
     out = np.zeros(a.shape, {"f32": np.float32, "f16": F16, "bf16": np.uint16}[td])
-    K.forward_mul(a, b, out)
+    forward_mul(a, b, out)
     exact = value[ta](a).astype(np.float64) * value[tb](b).astype(np.float64)
     ref = value[td](store[td](exact.astype(np.float32)))
     assert np.array_equal(value[td](out), ref)
@@ -191,14 +200,14 @@ def test_binary_type_triples(types):
 
 def test_binary_rejects_bad_types_and_shapes():
     with pytest.raises(GGMLError, match="unsupported types"):
-        K.forward_add(U(4, 1, 1, 1), U(4, 1, 1, 1).astype(F16), np.zeros((1, 1, 1, 4), np.float32))
+        forward_add(U(4, 1, 1, 1), U(4, 1, 1, 1).astype(F16), np.zeros((1, 1, 1, 4), np.float32))
     with pytest.raises(GGMLError, match="cannot be repeated"):
-        K.forward_add(U(10, 1, 1, 1), U(3, 1, 1, 1), np.zeros((1, 1, 1, 10), np.float32))
+        forward_add(U(10, 1, 1, 1), U(3, 1, 1, 1), np.zeros((1, 1, 1, 10), np.float32))
 
 
 def test_div_by_zero_gives_inf_like_c():
     out = np.zeros((1, 1, 1, 2), np.float32)
-    K.forward_div(np.array([[[[1.0, -1.0]]]], np.float32), np.zeros((1, 1, 1, 1), np.float32), out)
+    forward_div(np.array([[[[1.0, -1.0]]]], np.float32), np.zeros((1, 1, 1, 1), np.float32), out)
     assert out.ravel().tolist() == [np.inf, -np.inf]
 
 
@@ -206,17 +215,17 @@ def test_div_by_zero_gives_inf_like_c():
 
 def test_scale_and_scale_bias():
     x = U(10, 10, 10, 10)
-    assert_close(K.forward_scale, (x, OUT, 2.0), x, 2.0 * x.astype(np.float64))
-    assert_close(K.forward_scale, (x, OUT, 2.0, -0.25), x, 2.0 * x.astype(np.float64) - 0.25)
+    assert_close(forward_scale, (x, OUT, 2.0), x, 2.0 * x.astype(np.float64))
+    assert_close(forward_scale, (x, OUT, 2.0, -0.25), x, 2.0 * x.astype(np.float64) - 0.25)
 
 
 def test_silu_f32_and_f16():
     x = U(128, 2, 2, 2, lo=-6, hi=6)
     xd = x.astype(np.float64)
-    assert_close(K.forward_silu, (x, OUT), x, xd / (1 + np.exp(-xd)))
+    assert_close(forward_silu, (x, OUT), x, xd / (1 + np.exp(-xd)))
     h = x.astype(F16)
     hd = h.astype(np.float64)
-    assert_close(K.forward_silu, (h, OUT), h, hd / (1 + np.exp(-hd)), limit=1e-6)
+    assert_close(forward_silu, (h, OUT), h, hd / (1 + np.exp(-hd)), limit=1e-6)
 
 
 def gelu64(x):
@@ -227,7 +236,7 @@ def gelu64(x):
 def test_gelu_has_fp16_precision_like_ggml():
     x = U(128, 2, 2, 2, lo=-12, hi=12)
     out = np.empty_like(x)
-    K.forward_gelu(x, out)
+    forward_gelu(x, out)
     inside = np.abs(x) < 10
     # below -10: 0, above 10: x itself
     assert (out[x <= -10] == 0).all() and np.array_equal(out[x >= 10], x[x >= 10])
@@ -248,10 +257,10 @@ def test_gelu_has_fp16_precision_like_ggml():
 def test_gelu_f16_reads_the_table_by_bits():
     h = U(128, 2, 1, 1, lo=-5, hi=5).astype(F16)
     out = np.empty_like(h)
-    K.forward_gelu(h, out)
+    forward_gelu(h, out)
     assert nmse(out, gelu64(h)) < 1e-6
     big = np.array([[[[-12.0, 12.0]]]], F16)             # no thresholds for F16: the table's entries
-    K.forward_gelu(big, out[:1, :1, :1, :2])
+    forward_gelu(big, out[:1, :1, :1, :2])
     assert out[0, 0, 0, :2].tolist() == [0.0, 12.0]
 
 
@@ -259,10 +268,10 @@ def test_swiglu_split_fused_and_swapped():
     g, v = U(10, 5, 4, 3), U(10, 5, 4, 3)
     gd, vd = g.astype(np.float64), v.astype(np.float64)
     silu = lambda t: t / (1 + np.exp(-t))
-    assert_close(K.forward_swiglu, (g, v, OUT), g, silu(gd) * vd)
+    assert_close(forward_swiglu, (g, v, OUT), g, silu(gd) * vd)
     gv = np.concatenate([g, v], axis=3)
-    assert_close(K.forward_swiglu, (gv, None, OUT), g, silu(gd) * vd)
-    assert_close(K.forward_swiglu, (gv, None, OUT, True), g, silu(vd) * gd)
+    assert_close(forward_swiglu, (gv, None, OUT), g, silu(gd) * vd)
+    assert_close(forward_swiglu, (gv, None, OUT, True), g, silu(vd) * gd)
 
 
 def test_swiglu_fused_odd_rows_leave_the_last_element_unread():
@@ -272,14 +281,14 @@ def test_swiglu_fused_odd_rows_leave_the_last_element_unread():
     xd = x.astype(np.float64)
     silu = lambda t: t / (1 + np.exp(-t))
     like = np.empty((13, 11, 7, 2), np.float32)
-    assert_close(K.forward_swiglu, (x, None, OUT), like, silu(xd[..., :2]) * xd[..., 2:4])
-    assert_close(K.forward_swiglu, (x, None, OUT, True), like, silu(xd[..., 2:4]) * xd[..., :2])
+    assert_close(forward_swiglu, (x, None, OUT), like, silu(xd[..., :2]) * xd[..., 2:4])
+    assert_close(forward_swiglu, (x, None, OUT, True), like, silu(xd[..., 2:4]) * xd[..., :2])
     h = x.astype(F16)
     out = np.empty(like.shape, F16)
-    K.forward_swiglu(h, None, out)
+    forward_swiglu(h, None, out)
     assert not np.isnan(out.astype(np.float32)).any()
     with pytest.raises(GGMLError, match="do not fit"):          # nc must be ne00 / 2, rounded down
-        K.forward_swiglu(x, None, np.empty((13, 11, 7, 3), np.float32))
+        forward_swiglu(x, None, np.empty((13, 11, 7, 3), np.float32))
 
 
 # ggml's function of every unary op, in float64 numpy (unary-ops.cpp, vec.h)
@@ -301,7 +310,7 @@ def test_unary_ids_are_ggmls():
     assert set(UNARY_REF) == {u.name for u in UnaryOp} - {"XIELU", "COUNT"}
     for u in UnaryOp:
         if u != UnaryOp.COUNT:
-            assert getattr(K, "_" + u.name) == int(u), u
+            assert getattr(unary_ops, "_" + u.name) == int(u), u
 
 
 @pytest.mark.parametrize("name", sorted(UNARY_REF))
@@ -312,27 +321,27 @@ def test_unary_op_f32_f16_bf16(name):
     if name == "SOFTPLUS":
         x[0, 0, 0, 5:8] = [19.5, 20.0, 25.0]              # either side of its threshold
     limit = 1e-5 if name in ("GELU", "GELU_QUICK") else 1e-12     # the fp16 tables: fp16 precision
-    assert_close(K.forward_unary, (x, OUT, u), x, f(x.astype(np.float64)), limit=limit)
+    assert_close(forward_unary, (x, OUT, u), x, f(x.astype(np.float64)), limit=limit)
     h = x.astype(F16)                                   # F16: ggml's function of the fp16 values, rounded
-    assert_close(K.forward_unary, (h, OUT, u), h, f(h.astype(np.float64)).astype(F16), limit=1e-6)
+    assert_close(forward_unary, (h, OUT, u), h, f(h.astype(np.float64)).astype(F16), limit=1e-6)
     if name in OPS_CPP:
         with pytest.raises(GGMLError, match="not supported"):
-            K.forward_unary(fp32_to_bf16_array(x), np.empty(x.shape, np.uint16), u)
+            forward_unary(fp32_to_bf16_array(x), np.empty(x.shape, np.uint16), u)
         return
     b = fp32_to_bf16_array(x)                           # BF16 in and out, and F16/BF16 in, F32 out
     want = f(bf16_values(b).astype(np.float64))
     for nth in NTH:
-        out = run_threads(K.forward_unary, (b, OUT, u), np.full(b.shape, 0xFFFF, np.uint16), nth)
+        out = run_threads(forward_unary, (b, OUT, u), np.full(b.shape, 0xFFFF, np.uint16), nth)
         assert nmse(bf16_values(out), bf16_values(fp32_to_bf16_array(want.astype(np.float32)))) <= 1e-4
-    assert_close(K.forward_unary, (b, OUT, u), x, want, limit=1e-12)
-    assert_close(K.forward_unary, (h, OUT, u), x, f(h.astype(np.float64)), limit=1e-12)
+    assert_close(forward_unary, (b, OUT, u), x, want, limit=1e-12)
+    assert_close(forward_unary, (h, OUT, u), x, f(h.astype(np.float64)), limit=1e-12)
 
 
 def test_unary_exact_cases():
     def run(name, values, dtype=np.float32):
         x = np.array(values, dtype).reshape(1, 1, 1, -1)
         out = np.full(x.shape, np.nan, dtype)
-        K.forward_unary(x, out, UnaryOp[name])
+        forward_unary(x, out, UnaryOp[name])
         return out.ravel().tolist()
     # roundf: halves away from zero, and a float32 just below one half stays below
     big = float(np.float32(1e30))
@@ -351,7 +360,7 @@ def test_unary_exact_cases():
 def test_gelu_quick_has_fp16_precision_like_ggml():
     x = U(128, 2, 2, 2, lo=-150, hi=150)
     out = np.empty_like(x)
-    K.forward_unary(x, out, UnaryOp.GELU_QUICK)
+    forward_unary(x, out, UnaryOp.GELU_QUICK)
     assert np.array_equal(out.astype(F16).astype(np.float32), out)      # every result an fp16 value
     h = x.astype(F16).astype(np.float32)                # the table: ggml_gelu_quick_f32 at fp16(x), rounded
     f32 = np.float32
@@ -361,14 +370,14 @@ def test_gelu_quick_has_fp16_precision_like_ggml():
     assert ulps.max() <= 1 and (ulps == 0).mean() > 0.99
     hx = x.astype(F16)                                  # F16: the table by the input's bits
     ho = np.empty_like(hx)
-    K.forward_unary(hx, ho, UnaryOp.GELU_QUICK)
+    forward_unary(hx, ho, UnaryOp.GELU_QUICK)
     assert np.array_equal(ho, out.astype(F16))
 
 
 def test_gelu_erf_is_computed_not_looked_up():
     x = U(128, 2, 2, 2, lo=-6, hi=6)
     out = np.empty_like(x)
-    K.forward_unary(x, out, UnaryOp.GELU_ERF)
+    forward_unary(x, out, UnaryOp.GELU_ERF)
     assert nmse(out, UNARY_REF["GELU_ERF"](x.astype(np.float64))) < 1e-13
     assert not np.array_equal(out.astype(F16).astype(np.float32), out)
 
@@ -376,28 +385,28 @@ def test_gelu_erf_is_computed_not_looked_up():
 def test_unary_rejects_what_ggml_rejects():
     x = U(8, 2, 1, 1)
     with pytest.raises(GGMLError, match="XIELU has no CPU kernel"):
-        K.forward_unary(x, np.empty_like(x), UnaryOp.XIELU)
+        forward_unary(x, np.empty_like(x), UnaryOp.XIELU)
     with pytest.raises(GGMLError, match="not supported"):          # F32 in, F16 out: not a pair of ggml's
-        K.forward_unary(x, np.empty(x.shape, F16), UnaryOp.RELU)
+        forward_unary(x, np.empty(x.shape, F16), UnaryOp.RELU)
     with pytest.raises(GGMLError, match="not supported"):          # F16 in, F32 out: not for ops.cpp's four
-        K.forward_unary(x.astype(F16), np.empty_like(x), UnaryOp.SILU)
+        forward_unary(x.astype(F16), np.empty_like(x), UnaryOp.SILU)
     with pytest.raises(GGMLError, match="not supported"):
-        K.forward_unary(x, np.empty((1, 1, 2, 4), np.float32), UnaryOp.TANH)
+        forward_unary(x, np.empty((1, 1, 2, 4), np.float32), UnaryOp.TANH)
 
 
 def test_rms_norm_and_norm():
     x = U(64, 5, 4, 3)
     xd = x.astype(np.float64)
-    assert_close(K.forward_rms_norm, (x, OUT, 1e-6), x, xd / np.sqrt((xd ** 2).mean(3, keepdims=True) + 1e-6))
-    assert_close(K.forward_norm, (x, OUT, 1e-6), x,
+    assert_close(forward_rms_norm, (x, OUT, 1e-6), x, xd / np.sqrt((xd ** 2).mean(3, keepdims=True) + 1e-6))
+    assert_close(forward_norm, (x, OUT, 1e-6), x,
                  (xd - xd.mean(3, keepdims=True)) / np.sqrt(xd.var(3, keepdims=True) + 1e-6))
     long = U(4096, 3, 1, 1, lo=10, hi=11)               # a long row far from zero
     out = np.empty_like(long)
-    K.forward_norm(long, out, 1e-5)
+    forward_norm(long, out, 1e-5)
     ld = long.astype(np.float64)
     assert nmse(out, (ld - ld.mean(3, keepdims=True)) / np.sqrt(ld.var(3, keepdims=True) + 1e-5)) < 1e-7
     with pytest.raises(GGMLError, match="eps"):
-        K.forward_rms_norm(x, np.empty_like(x), -1.0)
+        forward_rms_norm(x, np.empty_like(x), -1.0)
 
 
 # --- soft_max -----------------------------------------------------------------------------------
@@ -426,15 +435,15 @@ def test_soft_max(mask_ne, mask_type, scale, max_bias):
     mask = None if mask_ne is None else U(*mask_ne).astype(mask_type)
     if mask is not None:
         mask[..., 8:] = -np.inf
-    assert_close(K.forward_soft_max, (x, mask, OUT, scale, max_bias), x, softmax64(x, mask, scale, max_bias), limit=1e-6)
+    assert_close(forward_soft_max, (x, mask, OUT, scale, max_bias), x, softmax64(x, mask, scale, max_bias), limit=1e-6)
 
 
 def test_soft_max_alibi_needs_a_mask_and_mask_must_fit():
     x = U(10, 5, 4, 3)
     with pytest.raises(GGMLError, match="ALiBi"):
-        K.forward_soft_max(x, None, np.empty_like(x), 1.0, 8.0)
+        forward_soft_max(x, None, np.empty_like(x), 1.0, 8.0)
     with pytest.raises(GGMLError, match="does not fit"):
-        K.forward_soft_max(x, U(9, 5, 1, 1), np.empty_like(x))
+        forward_soft_max(x, U(9, 5, 1, 1), np.empty_like(x))
 
 
 # --- rope ---------------------------------------------------------------------------------------
@@ -469,7 +478,7 @@ def rope64(x, pos, n_dims, mode, ff=None, n_ctx_orig=0, base=10000.0, freq_scale
 def test_rope_default_shape(mode):
     x = U(10, 5, 3, 1)                                  # test-backend-ops: rope [10,5,3,1], n_dims 10
     pos = np.array([0, 3, 1000], np.int32)
-    assert_close(K.forward_rope, (x, pos, OUT, 10, mode), x, rope64(x, pos, 10, mode))
+    assert_close(forward_rope, (x, pos, OUT, 10, mode), x, rope64(x, pos, 10, mode))
 
 
 @pytest.mark.parametrize("mode", [0, 2])
@@ -479,9 +488,9 @@ def test_rope_partial_dims_freq_factors_yarn(mode):
     kw = dict(n_ctx_orig=4096, freq_base=500000.0, freq_scale=0.125, ext_factor=1.0, attn_factor=0.9,
               beta_fast=32.0, beta_slow=1.0)
     ref = rope64(x, pos, 48, mode, ff, 4096, 500000.0, 0.125, 1.0, 0.9, 32.0, 1.0)
-    assert_close(K.forward_rope, (x, pos, OUT, 48, mode, ff), x, ref, **kw)
+    assert_close(forward_rope, (x, pos, OUT, 48, mode, ff), x, ref, **kw)
     out = np.empty_like(x)
-    K.forward_rope(x, pos, out, 48, mode, ff, **kw)
+    forward_rope(x, pos, out, 48, mode, ff, **kw)
     assert np.array_equal(out[..., 48:], x[..., 48:])   # the dims past n_dims pass through
 
 
@@ -489,12 +498,12 @@ def test_rope_f16_and_theta_recurrence():
     x = U(128, 2, 3, 1).astype(F16)
     pos = np.array([5, 900, 8191], np.int32)
     out = np.empty_like(x)
-    K.forward_rope(x, pos, out, 128, 2)
+    forward_rope(x, pos, out, 128, 2)
     assert nmse(out, rope64(x, pos, 128, 2)) < 1e-6
     # ggml's float32 theta recurrence, replayed in numpy float32, agrees closely with the kernel
     x32 = U(128, 1, 1, 1)
     out32 = np.empty_like(x32)
-    K.forward_rope(x32, np.array([8191], np.int32), out32, 128, 2)
+    forward_rope(x32, np.array([8191], np.int32), out32, 128, 2)
     theta, ts = np.float32(8191), np.float32(10000.0) ** (np.float32(-2.0) / np.float32(128))
     thetas = []
     for _ in range(64):
@@ -509,11 +518,11 @@ def test_rope_f16_and_theta_recurrence():
 def test_rope_errors():
     x = U(10, 5, 3, 1)
     with pytest.raises(GGMLError, match="mode"):
-        K.forward_rope(x, np.zeros(3, np.int32), np.empty_like(x), 10, 8)
+        forward_rope(x, np.zeros(3, np.int32), np.empty_like(x), 10, 8)
     with pytest.raises(GGMLError, match="pos"):
-        K.forward_rope(x, np.zeros(2, np.int32), np.empty_like(x), 10, 0)
+        forward_rope(x, np.zeros(2, np.int32), np.empty_like(x), 10, 0)
     with pytest.raises(GGMLError, match="n_dims"):
-        K.forward_rope(x, np.zeros(3, np.int32), np.empty_like(x), 11, 0)
+        forward_rope(x, np.zeros(3, np.int32), np.empty_like(x), 11, 0)
 
 
 # --- diag_mask, concat, reductions, repeat ------------------------------------------------------
@@ -524,10 +533,10 @@ def test_diag_mask_inf_out_of_place_and_in_place():
     i = np.arange(10)
     ref[..., i[None, :] > 5 + i[:, None]] = -np.inf
     for nth in NTH:
-        out = run_threads(K.forward_diag_mask_inf, (x, OUT, 5), np.full_like(x, np.nan), nth)
+        out = run_threads(forward_diag_mask_inf, (x, OUT, 5), np.full_like(x, np.nan), nth)
         assert np.array_equal(out, ref)
         y = x.copy()
-        run_threads(K.forward_diag_mask_inf, (y, OUT, 5), y, nth)
+        run_threads(forward_diag_mask_inf, (y, OUT, 5), y, nth)
         assert np.array_equal(y, ref)
 
 
@@ -538,9 +547,9 @@ def test_concat_every_dim(dim):
     ne_b[dim] = 3
     b = U(*ne_b)
     ref = np.concatenate([a, b], axis=3 - dim)
-    assert_close(K.forward_concat, (a, b, OUT, dim), ref, ref)
+    assert_close(forward_concat, (a, b, OUT, dim), ref, ref)
     h = np.empty(ref.shape, F16)
-    K.forward_concat(a.astype(F16), b.astype(F16), h, dim)
+    forward_concat(a.astype(F16), b.astype(F16), h, dim)
     assert np.array_equal(h, ref.astype(F16))
 
 
@@ -556,33 +565,33 @@ def test_concat_moves_any_element_type(dtype, dim):
     b = rng.integers(info.min, info.max, ne_b[::-1], endpoint=True).astype(dtype)
     ref = np.concatenate([a, b], axis=3 - dim)
     for nth in NTH:
-        out = run_threads(K.forward_concat, (a, b, OUT, dim), np.zeros(ref.shape, dtype), nth)
+        out = run_threads(forward_concat, (a, b, OUT, dim), np.zeros(ref.shape, dtype), nth)
         assert np.array_equal(out, ref)
 
 
 def test_concat_rejects_mixed_or_quantized_types():
     a = np.zeros((1, 1, 2, 4), np.int32)
     with pytest.raises(GGMLError, match="cannot be joined"):
-        K.forward_concat(a, a.astype(np.float32), np.zeros((1, 1, 4, 4), np.int32), 1)
+        forward_concat(a, a.astype(np.float32), np.zeros((1, 1, 4, 4), np.int32), 1)
     q = np.zeros((1, 1, 2, 18), np.uint8)                       # Q4_0 rows: no concat of blocks
     with pytest.raises(GGMLError, match="cannot be joined"):
-        K.forward_concat(q, q, np.zeros((1, 1, 4, 18), np.uint8), 1)
+        forward_concat(q, q, np.zeros((1, 1, 4, 18), np.uint8), 1)
 
 
 def test_sum_sum_rows_mean_repeat():
     x = U(10, 5, 4, 3)
     xd = x.astype(np.float64)
-    assert_close(K.forward_sum, (x, OUT), np.empty((1, 1, 1, 1), np.float32), xd.sum().reshape(1, 1, 1, 1))
-    assert_close(K.forward_sum_rows, (x, OUT), np.empty((3, 4, 5, 1), np.float32), xd.sum(3, keepdims=True))
-    assert_close(K.forward_mean, (x, OUT), np.empty((3, 4, 5, 1), np.float32), xd.mean(3, keepdims=True))
+    assert_close(forward_sum, (x, OUT), np.empty((1, 1, 1, 1), np.float32), xd.sum().reshape(1, 1, 1, 1))
+    assert_close(forward_sum_rows, (x, OUT), np.empty((3, 4, 5, 1), np.float32), xd.sum(3, keepdims=True))
+    assert_close(forward_mean, (x, OUT), np.empty((3, 4, 5, 1), np.float32), xd.mean(3, keepdims=True))
     h = np.empty((1, 1, 1, 1), F16)
-    K.forward_sum(x.astype(F16), h)
+    forward_sum(x.astype(F16), h)
     assert abs(float(h[0, 0, 0, 0]) - x.astype(F16).astype(np.float64).sum()) < 1e-2
     a = U(10, 5, 1, 1)
-    assert_close(K.forward_repeat, (a, OUT), np.empty((3, 4, 10, 20), np.float32), np.tile(a, (3, 4, 2, 2)))
+    assert_close(forward_repeat, (a, OUT), np.empty((3, 4, 10, 20), np.float32), np.tile(a, (3, 4, 2, 2)))
     i32 = np.arange(6, dtype=np.int32).reshape(1, 1, 2, 3)
     o32 = np.empty((2, 1, 4, 6), np.int32)
-    K.forward_repeat(i32, o32)
+    forward_repeat(i32, o32)
     assert np.array_equal(o32, np.tile(i32, (2, 1, 2, 2)))
 
 
@@ -614,13 +623,13 @@ def test_get_rows_every_type(t):
         values = gguf_dequant(t, a, n)
     idx = RNG.integers(0, 5, (1, 1, 3, 4)).astype(np.int32)   # 4 indices per matrix
     ref = np.stack([values[0, i11][idx[0, 0, i11]] for i11 in range(3)])[None]
-    assert_close(K.forward_get_rows, (a, idx, OUT), np.empty((1, 3, 4, n), np.float32), ref,
+    assert_close(forward_get_rows, (a, idx, OUT), np.empty((1, 3, 4, n), np.float32), ref,
                  limit=0 if t != Type.Q4_K else 1e-12, src0_type=t)
 
 
 def test_get_rows_index_out_of_range():
     with pytest.raises(GGMLError, match=r"row index -1 at src1\[2, 0, 0\] is out of range \[0, 5\)"):
-        K.forward_get_rows(U(10, 5, 1, 1), np.array([[[[0, 1, -1]]]], np.int32), np.empty((1, 1, 3, 10), np.float32))
+        forward_get_rows(U(10, 5, 1, 1), np.array([[[[0, 1, -1]]]], np.int32), np.empty((1, 1, 3, 10), np.float32))
 
 
 @pytest.mark.parametrize("nth", NTH)
@@ -629,13 +638,13 @@ def test_get_rows_i32_copies_rows_as_they_are(nth):
     a = np.random.default_rng(8).integers(-2 ** 31, 2 ** 31, (2, 3, 5, 7), dtype=np.int64).astype(np.int32)
     a[0, 0, 0, :3] = [-1, 0x7F800001, 1]
     idx = np.random.default_rng(9).integers(0, 5, (1, 2, 3, 4)).astype(np.int32)
-    out = run_threads(K.forward_get_rows, (a, idx, OUT), np.full((2, 3, 4, 7), 12345, np.int32), nth)
+    out = run_threads(forward_get_rows, (a, idx, OUT), np.full((2, 3, 4, 7), 12345, np.int32), nth)
     want = np.stack([np.stack([a[i12, i11][idx[0, i12, i11]] for i11 in range(3)]) for i12 in range(2)])
     assert np.array_equal(out, want)
-    K.forward_get_rows(a, idx, out, src0_type=Type.I32)
+    forward_get_rows(a, idx, out, src0_type=Type.I32)
     assert np.array_equal(out, want)
     with pytest.raises(GGMLError, match="dst I32"):
-        K.forward_get_rows(a, idx, np.empty((2, 3, 4, 7), np.float32))
+        forward_get_rows(a, idx, np.empty((2, 3, 4, 7), np.float32))
 
 
 @pytest.mark.parametrize("src_dt,dst_dt", [(np.float32, F16), (F16, np.float32), (np.float32, np.uint16),
@@ -649,7 +658,7 @@ def test_dup_between_float_types_in_logical_order(src_dt, dst_dt):
         for shape in (view.shape, (1, 1, 1, 1000), (1, 4, 5, 50)):
             for nth in NTH:
                 out = np.zeros(shape, dst_dt)
-                run_threads(K.forward_dup, (view, OUT), out, nth)
+                run_threads(forward_dup, (view, OUT), out, nth)
                 flat = vview.reshape(-1)
                 want = fp32_to_bf16_array(flat) if dst_dt == np.uint16 else flat.astype(dst_dt)
                 assert np.array_equal(out.reshape(-1), want)
@@ -679,7 +688,7 @@ def test_cpu_q8_0_rounds_halves_to_even_as_ggmls_x86():
     x = np.zeros(32, np.float32)
     x[0], x[1], x[2] = 1.0, 62.5 / 127, -62.5 / 127
     y = np.zeros(34, np.uint8)
-    K.quantize_row_q8_0(x, y)
+    quantize_row_q8_0(x, y)
     assert np.array_equal(y, _q8_0_x86(x.reshape(1, -1)).reshape(-1))
     assert y[3].view(np.int8) == 62 and y[4].view(np.int8) == -62          # roundf would give 63, -63
     assert not np.array_equal(y, quantize_chunk(Type.Q8_0, x.reshape(1, -1)).reshape(-1))
@@ -693,16 +702,16 @@ def test_dup_to_and_from_quantized(t):
     for nth in NTH:
         q[:] = 0
         w = np.empty(n, np.float32)
-        run_threads(K.forward_dup, (x, OUT), q, nth, dst_type=t, wdata=w)
+        run_threads(forward_dup, (x, OUT), q, nth, dst_type=t, wdata=w)
         assert np.array_equal(q.reshape(12, -1), _from_float(t, x.reshape(12, n)))
-        back = run_threads(K.forward_dup, (q, OUT), np.full_like(x, np.nan), nth, src0_type=t)
+        back = run_threads(forward_dup, (q, OUT), np.full_like(x, np.nan), nth, src0_type=t)
         assert np.array_equal(back, gguf_dequant(t, q, n)) if t != Type.Q4_K else nmse(back, gguf_dequant(t, q, n)) < 1e-12
     # F16 source, and a non-contiguous destination of whole blocks
     qh = np.zeros_like(q)
-    K.forward_dup(x.astype(F16), qh, dst_type=t)
+    forward_dup(x.astype(F16), qh, dst_type=t)
     assert np.array_equal(qh.reshape(12, -1), _from_float(t, x.astype(F16).astype(np.float32).reshape(12, n)))
     wide = np.full((1, 3, 4, 2 * n), np.nan, np.float32)
-    K.forward_dup(q, wide[..., :n], src0_type=t)
+    forward_dup(q, wide[..., :n], src0_type=t)
     assert np.isnan(wide[..., n:]).all() and not np.isnan(wide[..., :n]).any()
 
 
@@ -713,18 +722,18 @@ def test_dup_same_type_quantized_copies_blocks():
     out = np.zeros((1, 1, 6, q.shape[3]), np.uint8)
     for nth in NTH:
         out[:] = 0
-        run_threads(K.forward_dup, (perm, OUT), out, nth, src0_type=t, dst_type=t)
+        run_threads(forward_dup, (perm, OUT), out, nth, src0_type=t, dst_type=t)
         assert np.array_equal(out, perm)
     flat = np.zeros(q.size, np.uint8).reshape(1, 1, 1, -1)
-    run_threads(K.forward_dup, (q, OUT), flat, 3, src0_type=t, dst_type=t)
+    run_threads(forward_dup, (q, OUT), flat, 3, src0_type=t, dst_type=t)
     assert np.array_equal(flat.ravel(), q.ravel())
 
 
 def test_dup_errors():
     with pytest.raises(GGMLError, match="elements"):
-        K.forward_dup(U(10, 1, 1, 1), np.zeros((1, 1, 1, 11), np.float32))
+        forward_dup(U(10, 1, 1, 1), np.zeros((1, 1, 1, 11), np.float32))
     with pytest.raises(GGMLError, match="not supported"):
-        K.forward_dup(quantize_chunk(Type.Q8_0, U(32)).reshape(1, 1, 1, -1), np.zeros((1, 1, 1, 32), F16),
+        forward_dup(quantize_chunk(Type.Q8_0, U(32)).reshape(1, 1, 1, -1), np.zeros((1, 1, 1, 32), F16),
                       src0_type=Type.Q8_0)
 
 
@@ -1078,7 +1087,7 @@ def test_glu_equals_ggml(case, nth):
     as_arr = (lambda a: a) if tname == "f32" else (lambda a: a.view(np.float16))
     out = np.full(want.shape, np.nan, np.float32 if tname == "f32" else np.float16)
     for ith in range(nth):
-        K.forward_glu(as_arr(x), None if y is None else as_arr(y), out, ggml.GluOp[kind],
+        forward_glu(as_arr(x), None if y is None else as_arr(y), out, ggml.GluOp[kind],
                       form == "swapped", 1.702, 7.0, ith, nth)
     got, ref = out.astype(np.float32), _glu_values(want)
     assert nmse(got, ref) <= 1e-6, (case, nmse(got, ref))
@@ -1101,6 +1110,6 @@ def test_glu_fixture_has_every_kind_form_and_type():
 def test_glu_refuses_types_ggml_does_not_compute():
     x = np.zeros((1, 1, 2, 8), np.float16)
     with pytest.raises(GGMLError, match="swiglu_oai.*one f32 type"):
-        K.forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float16), ggml.GluOp.SWIGLU_OAI)
+        forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float16), ggml.GluOp.SWIGLU_OAI)
     with pytest.raises(GGMLError, match="geglu.*do not fit"):
-        K.forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float32), ggml.GluOp.GEGLU)
+        forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float32), ggml.GluOp.GEGLU)

@@ -1,4 +1,4 @@
-"""The CPU's kernel table (ggml_lite.backends.cpu.compute.CPU_KERNELS) against every node of the
+"""The CPU's kernel table (ggml_lite.backends.cpu.table.CPU_KERNELS) against every node of the
 test-backend-ops cases (tests/backend_ops_cases.py) and a set of nodes it must refuse:
 
 - supports_op true for every node of a case  <=>  the compute succeeds and matches the reference;
@@ -14,14 +14,14 @@ import pytest
 import backend_ops_cases as B
 import ggml_lite as ggml
 from ggml_lite import GGMLError, Op, Type
-from ggml_lite.backends.cpu import compute as C
+from ggml_lite.backends.cpu import table as T
 
 CASES = B.make_test_cases()
 CPU = ggml.backend_cpu_reg().get_device(0)
 
 
 def _computed(built):
-    return [n for n in built.gf.nodes if not ggml.op_is_empty(n.op)]
+    return [n for n in built.gf.nodes if not ggml.backends.cpu.table.op_is_empty(n.op)]
 
 
 # --- nodes the table must refuse (ggml computes some of them; ggml_lite's CPU does not) ---------
@@ -116,13 +116,13 @@ def _fill(built, rng):
 
 
 def _assert_refused_before_any_kernel(built, run):
-    refused = next(n for n in _computed(built) if not ggml.cpu_supports_op(n))
+    refused = next(n for n in _computed(built) if not ggml.backends.cpu.table.cpu_supports_op(n))
     before = _snapshot(built)
     with pytest.raises(GGMLError) as e:
         run()
     msg = str(e.value)
     assert f"'{refused.name}'" in msg and f"({ggml.op_desc(refused)})" in msg, msg
-    assert ggml.type_name(refused.type) in msg and C.cpu_unsupported_reason(refused) in msg, msg
+    assert ggml.type_name(refused.type) in msg and T.cpu_unsupported_reason(refused) in msg, msg
     for (name, raw), (_, now) in zip(before, _snapshot(built)):
         assert np.array_equal(raw, now), f"'{name}' was written: a kernel ran"
 
@@ -134,9 +134,9 @@ def test_claim_equals_compute(case):
     built = B.build_case(case)
     try:
         for node in _computed(built):
-            why = C.cpu_unsupported_reason(node)
+            why = T.cpu_unsupported_reason(node)
             assert why is None, f"{case.name()}: '{node.name}' ({ggml.op_desc(node)}) refused: {why}"
-            assert C.cpu_kernel(node) is ggml.CPU_KERNELS[C.cpu_kernel_key(node)]
+            assert T.cpu_kernel(node) is ggml.backends.cpu.table.CPU_KERNELS[T.cpu_kernel_key(node)]
             assert ggml.backend_dev_supports_op(CPU, node)
         verdict = B.eval_built(built, B.cpu_compute(4))
         assert verdict.ok, f"{case.name()}: {verdict}"
@@ -150,9 +150,9 @@ def test_refusal_comes_before_any_kernel(case, how):
     built = _build_refused(case)
     try:
         _fill(built, np.random.default_rng(0))
-        bad = [n for n in _computed(built) if not ggml.cpu_supports_op(n)]
+        bad = [n for n in _computed(built) if not ggml.backends.cpu.table.cpu_supports_op(n)]
         assert bad and all(not ggml.backend_dev_supports_op(CPU, n) for n in bad)
-        assert ggml.cpu_supports_op(_computed(built)[0])             # the scale before it is fine
+        assert ggml.backends.cpu.table.cpu_supports_op(_computed(built)[0])             # the scale before it is fine
         if how == "graph_plan":
             _assert_refused_before_any_kernel(built, lambda: ggml.graph_plan(built.gf, 2))
         elif how == "graph_compute":
@@ -174,10 +174,10 @@ def test_every_row_of_the_table_is_exercised():
     for case in CASES:
         built = B.build_case(case, sentinels=False)
         try:
-            seen |= {C.cpu_kernel_key(n) for n in _computed(built)}
+            seen |= {T.cpu_kernel_key(n) for n in _computed(built)}
         finally:
             B.free_built(built)
-    missing = set(ggml.CPU_KERNELS) - seen
+    missing = set(ggml.backends.cpu.table.CPU_KERNELS) - seen
     assert missing == {Op.DUP}, missing           # ggml_dup: no test-backend-ops case; below
     ctx = ggml.init(mem_size=1 << 20)
     a = ggml.new_tensor_2d(ctx, Type.F16, 8, 3)
@@ -185,21 +185,22 @@ def test_every_row_of_the_table_is_exercised():
     d = ggml.dup(ctx, a)
     gf = ggml.new_graph(ctx)
     ggml.build_forward_expand(gf, d)
-    assert ggml.cpu_supports_op(d) and ggml.graph_compute_with_ctx(ctx, gf, 2) == ggml.Status.SUCCESS
+    assert ggml.backends.cpu.table.cpu_supports_op(d) and ggml.graph_compute_with_ctx(ctx, gf, 2) == ggml.Status.SUCCESS
     assert np.array_equal(d.numpy(), a.numpy())
 
 
 def test_one_view_unary_and_glu_set():
     """The view-op, unary and GLU sets exist once, and the table and the backends read them."""
     from ggml_lite.backends import blas
-    from ggml_lite.backends.cpu import kernels as K
-    assert ggml.VIEW_OPS == {Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE}
-    assert blas.VIEW_OPS is C.VIEW_OPS
-    assert {k for op, k in (key for key in ggml.CPU_KERNELS if isinstance(key, tuple)) if op == Op.UNARY} == K.UNARY_OPS
-    assert {k for op, k in (key for key in ggml.CPU_KERNELS if isinstance(key, tuple)) if op == Op.GLU} == K.GLU_OPS
-    assert K.GLU_OPS == {g for g in ggml.GluOp if g != ggml.GluOp.COUNT}
+    from ggml_lite.backends.cpu import compute as C
+    from ggml_lite.backends.cpu import unary_ops as U
+    assert ggml.backends.cpu.table.VIEW_OPS == {Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE}
+    assert blas.VIEW_OPS is T.VIEW_OPS
+    assert {k for op, k in (key for key in ggml.backends.cpu.table.CPU_KERNELS if isinstance(key, tuple)) if op == Op.UNARY} == U.UNARY_OPS
+    assert {k for op, k in (key for key in ggml.backends.cpu.table.CPU_KERNELS if isinstance(key, tuple)) if op == Op.GLU} == U.GLU_OPS
+    assert U.GLU_OPS == {g for g in ggml.GluOp if g != ggml.GluOp.COUNT}
     for name in ("_CPU_OPS", "_CPU_UNARY", "_CPU_GLU", "_NO_COMPUTE", "_UNARY", "_ALL_THREADS"):
-        for mod in (C, blas, __import__("ggml_lite.backends.cpu.backend", fromlist=["x"])):
+        for mod in (T, C, blas, __import__("ggml_lite.backends.cpu.backend", fromlist=["x"])):
             assert not hasattr(mod, name), (mod.__name__, name)
 
 
@@ -215,13 +216,13 @@ def test_n_tasks_and_work_size_come_from_the_table(n_threads):
     want_tasks = [1, 1, min(n_threads, 5), n_threads, n_threads, n_threads]
     want_work = [0, 0, 4 * 256 * min(n_threads, 5), 4 * 256 * n_threads, 0, ggml.row_size(Type.Q8_0, 256 * 5)]
     for node, tasks, work in zip(nodes, want_tasks, want_work):
-        row = C.cpu_kernel(node)
-        assert ggml.get_n_tasks(node, n_threads) == row.n_tasks(node, n_threads) == tasks
+        row = T.cpu_kernel(node)
+        assert ggml.backends.cpu.compute.get_n_tasks(node, n_threads) == row.n_tasks(node, n_threads) == tasks
         assert row.work_size(node, tasks) == work
         gf = ggml.new_graph(ctx)
         ggml.build_forward_expand(gf, node)
         plan = ggml.graph_plan(gf, n_threads)
-        assert plan.work_size == (work + ggml.CACHE_LINE_SIZE * n_threads if work else 0)
+        assert plan.work_size == (work + ggml.backends.cpu.table.CACHE_LINE_SIZE * n_threads if work else 0)
 
 
 @pytest.mark.parametrize("wtype,xtype", [(Type.F32, Type.F32), (Type.F16, Type.F16), (Type.F16, Type.F32),
@@ -248,7 +249,7 @@ def test_mul_mat_claims_every_pair_it_computes(wtype, xtype):
     y = ggml.mul_mat(ctx, w, x)
     gf = ggml.new_graph(ctx)
     ggml.build_forward_expand(gf, y)
-    claimed = ggml.cpu_supports_op(y)
+    claimed = ggml.backends.cpu.table.cpu_supports_op(y)
     assert claimed == (xtype == Type.F32 or xtype == wtype and not ggml.is_quantized(xtype))
     if not claimed:
         y.numpy()[...] = 7.0

@@ -7,7 +7,7 @@ __all__ = ['backend_blas_reg', 'backend_blas_init', 'backend_is_blas', 'backend_
 import numpy as np
 
 from ggml_lite.backend import Backend, BackendDevType, guid_matches
-from ggml_lite.backends.cpu.compute import VIEW_OPS
+from ggml_lite.backends.cpu.table import VIEW_OPS
 from ggml_lite.backends.host import HostDevice, SingleDeviceReg
 from ggml_lite.core import GGMLError, Status, require
 from ggml_lite.graph import graph_check_alive

@@ -9,8 +9,8 @@ import os
 import numpy as np
 
 from ggml_lite.backend import Backend, BackendDevType, backend_buft_is_host, guid_matches
-from ggml_lite.backends.cpu.compute import (DEFAULT_N_THREADS, cpu_supports_op, graph_compute, graph_plan,
-                                            op_is_empty)
+from ggml_lite.backends.cpu.compute import DEFAULT_N_THREADS, graph_compute, graph_plan
+from ggml_lite.backends.cpu.table import cpu_supports_op, op_is_empty
 from ggml_lite.backends.host import HostDevice, SingleDeviceReg
 from ggml_lite.core import require
 

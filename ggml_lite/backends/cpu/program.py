@@ -25,7 +25,8 @@ def _drop_stale_cache():
     cache files of this module are dropped whenever the kernels' sources differ from last time.
     (Only the cache in __pycache__ next to the module is looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
-    deps = [here / f for f in ("kernels.py", "vec.py", "simd.py")] + [here.parents[1] / "types.py"]
+    deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py", "vec.py", "simd.py")]
+    deps.append(here.parents[1] / "types.py")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
     cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
     try:
@@ -44,7 +45,8 @@ def _drop_stale_cache():
 
 _drop_stale_cache()
 
-from ggml_lite.backends.cpu import kernels as K  # noqa: E402
+from ggml_lite.backends.cpu import binary_ops as B  # noqa: E402
+from ggml_lite.backends.cpu import ops as K  # noqa: E402
 from ggml_lite.backends.cpu import vec as V  # noqa: E402
 
 
@@ -227,7 +229,7 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
     kind, a = prog[k, KIND], ARG
     f32 = np.float32
     if kind == TASK_BINARY:
-        K.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2, f32), _array(prog, k, 0, f32),
+        B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2, f32), _array(prog, k, 0, f32),
                         0, 0, 0, ith, nth)
     elif kind == TASK_SCALE:
         K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], fp[k, 1], ith, nth)

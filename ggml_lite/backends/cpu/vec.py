@@ -12,7 +12,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ggml_lite.backends.cpu.kernels import _F16_TABLE, _quantize_row
+from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
+from ggml_lite.backends.cpu.quants import quantize_row as _quantize_row
 from ggml_lite.backends.cpu.simd import vcat, vdot, vfloat, vi8, vload, vload_f16, vsplat2, vsum, vzero
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,

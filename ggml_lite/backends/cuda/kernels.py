@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggml_lite.backends.cpu.kernels import rope_yarn_corr_dims
+from ggml_lite.backends.cpu.ops import rope_yarn_corr_dims
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import ROPE_TYPE_NEOX, Op, Prec, UnaryOp, get_unary_op
 from ggml_lite.tensor import get_op_params_f32, get_op_params_i32, is_contiguous, nbytes, nelements, nrows
