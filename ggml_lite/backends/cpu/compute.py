@@ -94,10 +94,12 @@ def _n_workers(node, n_threads, min_work):
     return n_threads if work >= min_work else 1
 
 
-def _make_tasks(cgraph, cplan):
-    """Every node checked against the kernel table first, then its kernel calls prepared."""
+def _make_tasks(cgraph, cplan, p=None):
+    """Every node checked against the kernel table first, then its kernel calls prepared
+    (p: the Preparing whose views they use, kept for lowering the same tasks)."""
     kernels = [(i, node, cpu_check_node(node, i)) for i, node in enumerate(cgraph.nodes) if _computes(node)]
-    tasks, owners, p = [], {}, Preparing(cplan.work_data, cplan.n_threads)
+    tasks, owners = [], {}
+    p = p or Preparing(cplan.work_data, cplan.n_threads)
     for i, node, kernel in kernels:
         if is_empty(node):
             continue                                 # nothing to compute
@@ -201,12 +203,13 @@ _LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary, O
           Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm, Op.MUL_MAT: _lower_mul_mat}
 
 # %% book/06_cpu_compute.ipynb #native-lower2
-def _lower(cgraph, cplan, tasks):
+def _lower(cgraph, cplan, tasks, p=None):
     """The program: one row per task, compiled where _LOWER has the node's kernel (F32 and
-    contiguous for the element-wise ops), a call back to the task's Python kernel otherwise."""
+    contiguous for the element-wise ops), a call back to the task's Python kernel otherwise.
+    p: the Preparing the tasks were made with, so each tensor's numpy view is made once."""
     prog = np.zeros((len(tasks), P.ROW_SIZE), np.int64)
     fp = np.zeros((len(tasks), P.N_FPARAMS), np.float32)
-    p = Preparing(cplan.work_data, cplan.n_threads)
+    p = p or Preparing(cplan.work_data, cplan.n_threads)
     k = 0
     while k < len(tasks):
         task = tasks[k]
@@ -229,9 +232,9 @@ class _Native:
     """A graph's program and what its workers share, and the Python side of its call-backs."""
     _slots = iter(range(1, 1 << 62))
 
-    def __init__(self, cgraph, cplan, tasks):
+    def __init__(self, cgraph, cplan, tasks, p=None):
         self.tasks = tasks
-        self.prog, self.fp = _lower(cgraph, cplan, tasks)
+        self.prog, self.fp = _lower(cgraph, cplan, tasks, p)
         self.state = np.zeros(P.STATE_SIZE, np.int64)
         self.owner = np.zeros(0, np.int32)            # no chunk record (a traced plan runs the Python loop)
         self.errors, self.cplan = [], None
@@ -302,12 +305,13 @@ class _Prepared:
     work buffer, the thread count. Any change (a re-allocation, a new plan) means preparing again."""
 
     def __init__(self, cgraph, cplan):
-        self.tasks, self.chunk_owners = _make_tasks(cgraph, cplan)
+        p = Preparing(cplan.work_data, cplan.n_threads)      # the views, shared by tasks and program
+        self.tasks, self.chunk_owners = _make_tasks(cgraph, cplan, p)
         self.nodes = list(cgraph.nodes)
         self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n, *n.src) if t is not None]
         self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
         self.min_work = cplan.min_work_per_node
-        self.native = None if self.traced else _Native(cgraph, cplan, self.tasks)
+        self.native = None if self.traced else _Native(cgraph, cplan, self.tasks, p)
 
     def fits(self, cgraph, cplan):
         """Still valid for this graph and plan? (checked without allocating)"""
