@@ -19,18 +19,14 @@ def nrows(t):
 
 def nbytes(t):
     """ggml_nbytes: bytes from the first element to one past the last, following the strides."""
-    if any(n <= 0 for n in t.ne):
+    ne, nb = t.ne, t.nb
+    if ne[0] <= 0 or ne[1] <= 0 or ne[2] <= 0 or ne[3] <= 0:
         return 0
+    rest = (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
     bs = blck_size(t.type)
     if bs == 1:
-        size = type_size(t.type)
-        for i in range(MAX_DIMS):
-            size += (t.ne[i] - 1) * t.nb[i]
-        return size
-    size = t.ne[0] * t.nb[0] // bs
-    for i in range(1, MAX_DIMS):
-        size += (t.ne[i] - 1) * t.nb[i]
-    return size
+        return type_size(t.type) + (ne[0] - 1) * nb[0] + rest
+    return ne[0] * nb[0] // bs + rest
 
 
 def nbytes_pad(t):
