@@ -435,3 +435,39 @@ def test_idle_workers_sleep_and_a_collected_pool_stops_its_threads():
     for w in workers:
         w.join(timeout=120)
     assert not any(w.is_alive() for w in workers), "a collected pool left its threads running"
+
+
+def test_a_base_exception_in_a_worker_is_raised_and_the_pool_survives():
+    """A call-back that raises what Exception does not cover (SystemExit here) on worker 1 still
+    meets the other thread at every barrier; the caller gets it, and the pool computes again."""
+    ctx = ggml.init(8 << 20)
+    gf, idx, big, out2, rows = _failing_and_good(ctx)
+    idx.numpy()[...] = [3, 1]
+    tp = ggml.threadpool_new(2)
+    plan = ggml.graph_plan(gf, 2, tp)
+    plan.work_data = np.zeros(plan.work_size, np.uint8)
+    plan.min_work_per_node = 0                     # get_rows on both threads
+    ggml.graph_compute(gf, plan)
+    task = next(t for t in _PREPARED[gf].tasks if t.node.op == Op.GET_ROWS)
+    good = task.run
+
+    def exits_on_worker_1(ith, nth):
+        if ith == 1:
+            raise SystemExit("worker 1 exits")
+        good(ith, nth)
+    outcome = []
+
+    def body():
+        task.run = exits_on_worker_1
+        outcome.append(pytest.raises(SystemExit, ggml.graph_compute, gf, plan).value.args)
+        task.run = good
+        big.numpy()[...] = 2
+        outcome.append(ggml.graph_compute(gf, plan))
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "a compute hung"
+    assert outcome == [("worker 1 exits",), Status.SUCCESS]
+    assert (out2.numpy() == 3.0).all()
+    assert rows.numpy().reshape(-1).tolist() == list(range(24, 32)) + list(range(8, 16))
+    ggml.threadpool_free(tp)

@@ -197,7 +197,12 @@ PROGRAMS = weakref.WeakValueDictionary()   # slot -> the Python object that answ
 
 
 def _python_task(slot, k, ith, nth):
-    return PROGRAMS[slot].run_python_task(k, ith, nth)
+    program = PROGRAMS[slot]
+    try:
+        return program.run_python_task(k, ith, nth)
+    except BaseException as e:      # KeyboardInterrupt, SystemExit: raised once the threads have met
+        program.errors.append((ith, e))
+        return 1
 
 
 def _python_abort(slot):
