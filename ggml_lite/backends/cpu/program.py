@@ -331,14 +331,29 @@ def _run_program(ctl, ith):
     graph_compute_thread(prog, fp, state, owner, ctl[j + 7], ith)
 
 
+@intrinsic
+def cycle_counter(typingctx):
+    """LLVM's readcyclecounter: the time-stamp counter on x86 (0 where a CPU has none)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+PREEMPTED_CYCLES = 1 << 17         # one spin that took longer: the thread was descheduled
+
+
 @njit(cache=True, nogil=True)
 def threadpool_poll(ctl, ith, seen, n_rounds):
     """ggml_graph_compute_poll_for_work inside the loop of ggml_graph_compute_secondary_thread:
     spin on n_graph; run every program kicked off, here, without the GIL; return (n_graph,
     POLL_PYTHON) when a Python job comes, (n_graph, POLL_IDLE) after n_rounds spins without
-    work, (n_graph, POLL_STOP) when the pool is stopped. Like the barrier, and unlike ggml, it
-    yields its core every SPINS_BEFORE_YIELD spins."""
-    spins = 0
+    work, (n_graph, POLL_STOP) when the pool is stopped. Unlike ggml, it yields its core every
+    SPINS_BEFORE_YIELD spins, as the barrier does, and it stops polling (POLL_IDLE) as soon as
+    one spin took PREEMPTED_CYCLES: the OS gave the core to another thread, so the cores are
+    busy, and a sleeping worker is woken sooner than a spinning one gets its core back."""
+    spins, last = 0, cycle_counter()
     while atomic_load(ctl, TP_STOP) == 0:
         n_graph = atomic_load(ctl, TP_N_GRAPH)
         if n_graph != seen:
@@ -346,6 +361,7 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
             if ctl[TP_JOB] != JOB_PROGRAM:
                 return seen, POLL_PYTHON
             _run_program(ctl, ith)
+            last = cycle_counter()
         elif spins >= n_rounds:
             return seen, POLL_IDLE
         else:
@@ -353,6 +369,10 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
             spins += 1
             if spins % SPINS_BEFORE_YIELD == 0:
                 sched_yield()
+            now = cycle_counter()
+            if now - last > PREEMPTED_CYCLES:
+                return seen, POLL_IDLE
+            last = now
     return seen, POLL_STOP
 
 # %% book/06_cpu_compute.ipynb #native-pool2
