@@ -10,7 +10,9 @@
    with the pool's kickoff left out (the prepared tasks called in a plain Python loop); one task call (a lambda, forward_add's checks, numba's dispatch,
    the kernel); forward_add called directly; numba's dispatch of the kernel alone; the kernel
    alone (called 1000 times from inside numba, so no dispatch); and per compute, the cost of
-   checking that the prepared tasks still fit the graph (the tasks key) and a pool round trip.
+   checking that the prepared tasks still fit the graph (the tasks key) and a pool round trip
+   (kickoff to the last barrier of an empty compiled program, what graph_compute pays; and of a
+   Python job, what the Python loop pays).
 2. For each weight type, 4096x4096 times one column: graph_compute at 1 thread, the same without
    ggml_lite's Python layers (mul_mat's chunk kernel over every row, called once from Python),
    the src1 conversion alone, and nanoseconds per block of 32 weights.
@@ -30,6 +32,7 @@ from numba import njit
 import ggml_lite as ggml
 from ggml_lite.backends.cpu import compute as C
 from ggml_lite.backends.cpu import binary_ops
+from ggml_lite.backends.cpu import program as P
 from ggml_lite.backends.cpu import vec as V
 
 HERE = Path(__file__).resolve().parent
@@ -105,7 +108,14 @@ def add_chain(n_nodes=1000, ne0=16):
     per_compute = {"prepared-tasks check": best(lambda: prepared.fits(gf, plan), 20)}
     for nt in (1, 2):
         tp = C._default_pool(nt)
-        per_compute[f"pool round trip, {nt} thread{'s' if nt > 1 else ''}"] = best(lambda: tp.run(lambda ith: None))
+        state = np.zeros(P.STATE_SIZE, np.int64)
+        state[P.N_THREADS] = nt
+        empty = (np.zeros((0, P.ROW_SIZE), np.int64), np.zeros((0, P.N_FPARAMS), np.float32), state,
+                 np.zeros(0, np.int32), 0)
+        s = "s" if nt > 1 else ""
+        # what graph_compute pays to start and finish: a program of no tasks, kickoff to last barrier
+        per_compute[f"pool round trip, {nt} thread{s}"] = best(lambda: tp.run_program(*empty))
+        per_compute[f"pool round trip, {nt} thread{s}, Python job"] = best(lambda: tp.run(lambda ith: None))
     ggml.free(ctx)
     return dict(per_node_s=out, per_compute_s=per_compute, n_nodes=n_nodes, ne0=ne0)
 

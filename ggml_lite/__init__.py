@@ -173,7 +173,13 @@ from .backends.cpu.compute import (  # noqa: F401  (book/06_cpu_compute.ipynb)
     graph_compute,
     graph_compute_with_ctx,
 )
-from .backends.cpu.threadpool import *  # noqa: F401,F403  (book/06_cpu_compute.ipynb)
+from .backends.cpu.threadpool import (  # noqa: F401  (book/06_cpu_compute.ipynb)
+    MAX_N_THREADS,
+    Threadpool,
+    threadpool_new,
+    threadpool_free,
+    threadpool_get_n_threads,
+)
 from .backend_impl import (  # noqa: F401  (book/07a_backend_buffers.ipynb)
     BackendBufferUsage,
     BackendDevType,

@@ -1,5 +1,7 @@
 """The CPU compute layer: plan, threadpool, the compute loop, zero allocation, failures."""
+import gc
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -357,14 +359,16 @@ def _failing_and_good(ctx):
     return gf, idx, big, out2, rows
 
 
-@pytest.mark.parametrize("n", [10_000])
-def test_alternating_failing_and_good_graphs_never_hang(n):
+@pytest.mark.parametrize("n, poll", [(10_000, None), (3_000, 0)])
+def test_alternating_failing_and_good_graphs_never_hang(n, poll):
     """n computes at 2 threads alternating a graph that fails in a node, a graph aborted by the
     callback, and a good graph: each failure is reported, no worker is left waiting, and every
-    good result is right."""
+    good result is right. On the default pool the worker polls between computes; on a pool with
+    poll=0 it sleeps after every compute and each kickoff must wake it."""
     ctx = ggml.init(8 << 20)
     gf, idx, big, out2, rows = _failing_and_good(ctx)
-    plan = ggml.graph_plan(gf, 2)
+    tp = None if poll is None else ggml.threadpool_new(2, poll=poll)
+    plan = ggml.graph_plan(gf, 2, tp)
     plan.work_data = np.zeros(plan.work_size, np.uint8)
     done = []
 
@@ -391,3 +395,79 @@ def test_alternating_failing_and_good_graphs_never_hang(n):
     assert done == [True]
     kinds = _PREPARED[gf].native.prog[:, P.KIND]
     assert (kinds == P.TASK_PYTHON).sum() == 1 and (kinds != P.TASK_PYTHON).sum() == 3
+    if tp is not None:
+        ggml.threadpool_free(tp)
+
+
+def _wait_for(cond, seconds=120):
+    """Wait until cond() holds (a liveness check, not a timing: the limit only ends a hang)."""
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return cond()
+
+
+def test_idle_workers_sleep_and_a_collected_pool_stops_its_threads():
+    """Workers poll for a bounded time, then sleep; a kickoff wakes them, for Python jobs and for
+    compiled programs alike; the caller is worker 0; a pool nobody holds stops its threads."""
+    tp = ggml.threadpool_new(3, poll=1)
+    sleeping = lambda: P.ctl_load(tp._ctl, P.TP_SLEEPING) == 2     # noqa: E731
+    assert _wait_for(sleeping), "idle workers kept spinning"
+    who = {}
+    tp.run(lambda ith: who.__setitem__(ith, threading.get_ident()))
+    assert sorted(who) == [0, 1, 2] and who[0] == threading.get_ident() and len(set(who.values())) == 3
+    ctx = ggml.init(8 << 20)
+    x = ggml.new_tensor_2d(ctx, F32, 1024, 64)
+    y = ggml.scale(ctx, ggml.add(ctx, x, x), 0.5)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    plan = ggml.graph_plan(gf, 3, tp)
+    plan.min_work_per_node = 0                     # every node on all three threads
+    for i in range(20):
+        assert _wait_for(sleeping), "idle workers kept spinning"
+        x.numpy()[...] = i
+        assert ggml.graph_compute(gf, plan) == Status.SUCCESS
+        assert (y.numpy() == i).all()
+    workers = list(tp._workers)
+    assert all(w.is_alive() for w in workers)
+    del tp, plan, sleeping
+    gc.collect()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "a collected pool left its threads running"
+
+
+def test_a_base_exception_in_a_worker_is_raised_and_the_pool_survives():
+    """A call-back that raises what Exception does not cover (SystemExit here) on worker 1 still
+    meets the other thread at every barrier; the caller gets it, and the pool computes again."""
+    ctx = ggml.init(8 << 20)
+    gf, idx, big, out2, rows = _failing_and_good(ctx)
+    idx.numpy()[...] = [3, 1]
+    tp = ggml.threadpool_new(2)
+    plan = ggml.graph_plan(gf, 2, tp)
+    plan.work_data = np.zeros(plan.work_size, np.uint8)
+    plan.min_work_per_node = 0                     # get_rows on both threads
+    ggml.graph_compute(gf, plan)
+    task = next(t for t in _PREPARED[gf].tasks if t.node.op == Op.GET_ROWS)
+    good = task.run
+
+    def exits_on_worker_1(ith, nth):
+        if ith == 1:
+            raise SystemExit("worker 1 exits")
+        good(ith, nth)
+    outcome = []
+
+    def body():
+        task.run = exits_on_worker_1
+        outcome.append(pytest.raises(SystemExit, ggml.graph_compute, gf, plan).value.args)
+        task.run = good
+        big.numpy()[...] = 2
+        outcome.append(ggml.graph_compute(gf, plan))
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "a compute hung"
+    assert outcome == [("worker 1 exits",), Status.SUCCESS]
+    assert (out2.numpy() == 3.0).all()
+    assert rows.numpy().reshape(-1).tolist() == list(range(24, 32)) + list(range(8, 16))
+    ggml.threadpool_free(tp)

@@ -199,7 +199,12 @@ PROGRAMS = weakref.WeakValueDictionary()   # slot -> the Python object that answ
 
 
 def _python_task(slot, k, ith, nth):
-    return PROGRAMS[slot].run_python_task(k, ith, nth)
+    program = PROGRAMS[slot]
+    try:
+        return program.run_python_task(k, ith, nth)
+    except BaseException as e:      # KeyboardInterrupt, SystemExit: raised once the threads have met
+        program.errors.append((ith, e))
+        return 1
 
 
 def _python_abort(slot):
@@ -267,10 +272,11 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
 @njit(cache=True, nogil=True, error_model="numpy")
 def graph_compute_thread(prog, fp, state, owner, slot, ith):
     """ggml_graph_compute_thread: every thread walks every task of the program, meeting the
-    others at a barrier before a task that several threads share (and after one). A failure or
-    an abort in task k writes k + 1 to state[ABORT] before the next barrier; after the barrier
-    before task j, a thread leaves if ABORT is in 1..j, i.e. was written before that barrier.
-    So all threads leave at the same barrier, and none is left waiting (ggml's threadpool->abort
+    others at a barrier before a task that several threads share (and after one), and at one
+    last barrier before it returns, so no thread leaves while another still computes. A failure
+    or an abort in task k writes k + 1 to state[ABORT] before the next barrier; after the barrier
+    before task j, a thread stops if ABORT is in 1..j, i.e. was written before that barrier.
+    So all threads stop at the same barrier, and none is left waiting (ggml's threadpool->abort
     holds a node number for the same reason)."""
     shared_before = False
     for k in range(prog.shape[0]):
@@ -280,7 +286,7 @@ def graph_compute_thread(prog, fp, state, owner, slot, ith):
             barrier(state)
             stop = atomic_load(state, ABORT)
             if stop != 0 and stop <= k:
-                return
+                break
         if ith < nth and atomic_load(state, ABORT) == 0:
             if run_task(prog, fp, k, ith, nth, state, owner, slot) != 0:
                 atomic_store(state, STOPPED, -1)                   # failed: stop at the next barrier
@@ -291,3 +297,113 @@ def graph_compute_thread(prog, fp, state, owner, slot, ith):
                 atomic_store(state, STOPPED, prog[k, NODE] + 1 if asked == 1 else -1)
                 atomic_store(state, ABORT, k + 1)
         shared_before = shared
+    barrier(state)
+
+# %% book/06_cpu_compute.ipynb #native-pool
+# A threadpool's control block: int64 slots, each group on its own cache line. TP_JOB holds the
+# kind of the job kicked off, then (for a program) the addresses and sizes of its arrays.
+TP_N_GRAPH, TP_STOP, TP_SLEEPING, TP_N_DONE, TP_JOB = 0, 8, 16, 24, 32
+TP_CTL_SIZE = 40
+JOB_PYTHON, JOB_PROGRAM = 0, 1
+POLL_IDLE, POLL_PYTHON, POLL_STOP = 0, 1, 2
+
+
+@njit(cache=True)
+def threadpool_kickoff(ctl, kind, prog, fp, state, owner, slot):
+    """ggml_graph_compute_kickoff: describe the job, then bump n_graph (sequentially consistent,
+    so a polling worker that sees the new count sees the job too). Returns how many workers sleep
+    on the pool's condition variable: the caller wakes them only if there are any."""
+    j = TP_JOB
+    ctl[j], ctl[j + 1], ctl[j + 2], ctl[j + 3] = kind, prog.ctypes.data, prog.shape[0], fp.ctypes.data
+    ctl[j + 4], ctl[j + 5], ctl[j + 6], ctl[j + 7] = state.ctypes.data, owner.ctypes.data, owner.size, slot
+    atomic_store(ctl, TP_N_DONE, 0)
+    atomic_fetch_add_seq(ctl, TP_N_GRAPH, 1)
+    return atomic_load(ctl, TP_SLEEPING)
+
+
+@njit(cache=True, nogil=True)
+def _run_program(ctl, ith):
+    """Thread ith's part of the program kicked off: graph_compute_thread over views of its arrays."""
+    j, i8 = TP_JOB, np.int64
+    rows = ctl[j + 2]
+    prog = make_view(ctl[j + 1], (rows, i8(ROW_SIZE)), (i8(ROW_SIZE * 8), i8(8)), np.int64)
+    fp = make_view(ctl[j + 3], (rows, i8(N_FPARAMS)), (i8(N_FPARAMS * 4), i8(4)), np.float32)
+    state = make_view(ctl[j + 4], (i8(STATE_SIZE),), (i8(8),), np.int64)
+    owner = make_view(ctl[j + 5], (ctl[j + 6],), (i8(4),), np.int32)
+    graph_compute_thread(prog, fp, state, owner, ctl[j + 7], ith)
+
+
+@intrinsic
+def cycle_counter(typingctx):
+    """LLVM's readcyclecounter: the time-stamp counter on x86 (0 where a CPU has none)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+PREEMPTED_CYCLES = 1 << 17         # one spin that took longer: the thread was descheduled
+
+
+@njit(cache=True, nogil=True)
+def threadpool_poll(ctl, ith, seen, n_rounds):
+    """ggml_graph_compute_poll_for_work inside the loop of ggml_graph_compute_secondary_thread:
+    spin on n_graph; run every program kicked off, here, without the GIL; return (n_graph,
+    POLL_PYTHON) when a Python job comes, (n_graph, POLL_IDLE) after n_rounds spins without
+    work, (n_graph, POLL_STOP) when the pool is stopped. Unlike ggml, it yields its core every
+    SPINS_BEFORE_YIELD spins, as the barrier does, and it stops polling (POLL_IDLE) as soon as
+    one spin took PREEMPTED_CYCLES: the OS gave the core to another thread, so the cores are
+    busy, and a sleeping worker is woken sooner than a spinning one gets its core back."""
+    spins, last = 0, cycle_counter()
+    while atomic_load(ctl, TP_STOP) == 0:
+        n_graph = atomic_load(ctl, TP_N_GRAPH)
+        if n_graph != seen:
+            seen, spins = n_graph, 0
+            if ctl[TP_JOB] != JOB_PROGRAM:
+                return seen, POLL_PYTHON
+            _run_program(ctl, ith)
+            last = cycle_counter()
+        elif spins >= n_rounds:
+            return seen, POLL_IDLE
+        else:
+            cpu_relax()
+            spins += 1
+            if spins % SPINS_BEFORE_YIELD == 0:
+                sched_yield()
+            now = cycle_counter()
+            if now - last > PREEMPTED_CYCLES:
+                return seen, POLL_IDLE
+            last = now
+    return seen, POLL_STOP
+
+# %% book/06_cpu_compute.ipynb #native-pool2
+@njit(cache=True, nogil=True)
+def threadpool_wait_done(ctl, n, n_rounds):
+    """Spin (without the GIL) until n workers have finished a Python job; False if n_rounds
+    spins were not enough (the caller then sleeps on the pool's condition variable)."""
+    spins = 0
+    while atomic_load(ctl, TP_N_DONE) < n:
+        if spins >= n_rounds:
+            return False
+        cpu_relax()
+        spins += 1
+        if spins % SPINS_BEFORE_YIELD == 0:
+            sched_yield()
+    return True
+
+
+# Called from Python with the GIL held, and so short that releasing it would cost more.
+@njit(cache=True)
+def ctl_load(ctl, i):
+    return atomic_load(ctl, i)
+
+
+@njit(cache=True)
+def ctl_add(ctl, i, v):
+    return atomic_fetch_add_seq(ctl, i, v)
+
+
+@njit(cache=True)
+def ctl_store(ctl, i, v):
+    atomic_store(ctl, i, v)
