@@ -363,6 +363,7 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
             if ctl[TP_JOB] != JOB_PROGRAM:
                 return seen, POLL_PYTHON
             _run_program(ctl, ith)
+            atomic_fetch_add_seq(ctl, TP_N_DONE, 1)    # out of the program: the caller may free it
             last = cycle_counter()
         elif spins >= n_rounds:
             return seen, POLL_IDLE

@@ -135,14 +135,17 @@ class Threadpool:
             _run_python(self, job)
 
     def run_program(self, prog, fp, state, owner, slot):
-        """ggml_graph_compute: kickoff, then worker 0's part; the program's last barrier is where
-        the caller waits for the workers. Its failures are the program's to report."""
+        """ggml_graph_compute: kickoff, then worker 0's part, then a wait until every worker has
+        left the program (past its last barrier). Its failures are the program's to report."""
         with self._run_lock:
             if self._stop:
                 raise GGMLError("threadpool: used after threadpool_free")
-            if self.n_threads > 1:
-                _kickoff(self, P.JOB_PROGRAM, prog, fp, state, owner, slot)
+            if self.n_threads == 1:
+                return P.graph_compute_thread(prog, fp, state, owner, slot, 0)
+            _kickoff(self, P.JOB_PROGRAM, prog, fp, state, owner, slot)
             P.graph_compute_thread(prog, fp, state, owner, slot, 0)
+            while not P.threadpool_wait_done(self._ctl, self.n_threads - 1, 1 << 20):
+                pass
 
     def free(self):
         with self._run_lock:
