@@ -240,13 +240,9 @@ class _Native:
         self.errors, self.cplan = [], None
         self.slot = next(self._slots)
         P.PROGRAMS[self.slot] = self
-        self.job = self._job                          # one bound method, made once
 
     def native_tasks(self):
         return int((self.prog[:, P.KIND] != P.TASK_PYTHON).sum())
-
-    def _job(self, ith):
-        P.graph_compute_thread(self.prog, self.fp, self.state, self.owner, self.slot, ith)
 
     def run_python_task(self, k, ith, nth):
         task = self.tasks[k]
@@ -273,7 +269,7 @@ class _Native:
         st[P.HAS_ABORT] = cplan.abort_callback is not None
         self.cplan = cplan
         try:
-            tp.run(self.job)
+            tp.run_program(self.prog, self.fp, self.state, self.owner, self.slot)
         finally:
             self.cplan = None
         if self.errors:

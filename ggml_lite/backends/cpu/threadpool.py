@@ -89,9 +89,9 @@ def _run_python(pool, job):
 class Threadpool:
     """struct ggml_threadpool: n_threads - 1 persistent workers; the calling thread is worker 0.
 
-    run(job) calls job(ith) on all n_threads threads and returns when all are done. The job of a
-    compiled program (a bound method of an object holding the program's prog, fp, state, owner
-    and slot, as the compute module's are) runs without the GIL. A Python job synchronises its
+    run(job) calls job(ith) on all n_threads threads and returns when all are done;
+    run_program(prog, fp, state, owner, slot) runs a compiled program on them, without the GIL
+    (what graph_compute does). A Python job synchronises its
     threads with barrier(); if a thread raises, the barrier is broken so no thread waits forever,
     run() re-raises the first failure, and the pool stays usable. Idle workers poll for
     POLL_ROUNDS * poll spins, then sleep; free(), or collecting the pool, stops them."""
@@ -126,9 +126,6 @@ class Threadpool:
         self._barrier.abort()
 
     def run(self, job):
-        native = getattr(job, "__self__", None)
-        if getattr(native, "prog", None) is not None:
-            return self.run_program(native.prog, native.fp, native.state, native.owner, native.slot)
         with self._run_lock:
             if self._stop:
                 raise GGMLError("threadpool: used after threadpool_free")
