@@ -305,6 +305,20 @@ def vsplat2(typingctx, a, b, n):
         return builder.shuffle_vector(va, vb, mask)
     return rt(a, b, n), codegen
 
+
+@intrinsic
+def vpick2(typingctx, v, i, j, n):
+    """Vec(v.dtype x n), i, j, n constants: lane i of v in the lower n/2 lanes, lane j in the
+    upper ones; ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is)) on a vector of scales."""
+    if not (isinstance(v, Vec) and all(isinstance(k, types.IntegerLiteral) for k in (i, j, n))):
+        return None
+    k = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        a, b = sig.args[1].literal_value, sig.args[2].literal_value
+        return _shuffle(builder, args[0], [a] * (k // 2) + [b] * (k // 2))
+    return Vec(v.dtype, k)(v, i, j, n), codegen
+
 # %% book/05_cpu_kernels.ipynb #kern-simd-x86
 def _target_features():
     """The x86 features numba compiles for: those of NUMBA_CPU_FEATURES when it is set, the

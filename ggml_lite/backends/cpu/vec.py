@@ -14,7 +14,7 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.kernels import _F16_TABLE, _quantize_row
 from ggml_lite.backends.cpu.simd import (vas, vcat, vdot, vdot4, vfloat, vget, vi8, vi16, vload, vload_f16,
-                                        vload_i16, vmaddubs, vpack, vpairs, vsign, vsplat2, vsum, vu8, vzero)
+                                        vload_i16, vmaddubs, vpack, vpairs, vpick2, vsign, vsplat2, vsum, vu8, vzero)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,
                              get_type_traits, row_size, type_name, type_size)
@@ -159,7 +159,7 @@ def vec_dot_q4_K_q8_K(n, x, y):
 def vec_dot_q6_K_q8_K(n, x, y):
     """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql twice and 32 of
     qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs (vmaddubs),
-    by their sub-blocks' scales (two per vector, vsplat2) and in pairs again (vdot) into 8 int32
+    by their sub-blocks' scales (two per vector, vpick2) and in pairs again (vdot) into 8 int32
     lanes. The codes' offset of 32 comes off per lane through y's bsums: lane k loses
     32 * (bsums_2k * scale_2k + bsums_2k+1 * scale_2k+1)."""
     acc = vzero(np.float32, 8)
@@ -173,10 +173,11 @@ def vec_dot_q6_K_q8_K(n, x, y):
             q1 = (b2 & 15) | ((c & 12) << 2)           # 32..63
             q2 = (b1 >> 4) | (c & 48)                  # 64..95
             q3 = (b2 >> 4) | ((c >> 2) & 48)           # 96..127
-            sumi += (vdot(vsplat2(np.int8(x[sc]), np.int8(x[sc + 1]), 16), vmaddubs(q0, vi8(vload(y, q8, 32))))
-                     + vdot(vsplat2(np.int8(x[sc + 2]), np.int8(x[sc + 3]), 16), vmaddubs(q1, vi8(vload(y, q8 + 32, 32)))))
-            sumi += (vdot(vsplat2(np.int8(x[sc + 4]), np.int8(x[sc + 5]), 16), vmaddubs(q2, vi8(vload(y, q8 + 64, 32))))
-                     + vdot(vsplat2(np.int8(x[sc + 6]), np.int8(x[sc + 7]), 16), vmaddubs(q3, vi8(vload(y, q8 + 96, 32)))))
+            s = vi16(vi8(vload(x, sc, 8)))             # the half's 8 scales, int16
+            sumi += (vdot(vpick2(s, 0, 1, 16), vmaddubs(q0, vi8(vload(y, q8, 32))))
+                     + vdot(vpick2(s, 2, 3, 16), vmaddubs(q1, vi8(vload(y, q8 + 32, 32)))))
+            sumi += (vdot(vpick2(s, 4, 5, 16), vmaddubs(q2, vi8(vload(y, q8 + 64, 32))))
+                     + vdot(vpick2(s, 6, 7, 16), vmaddubs(q3, vi8(vload(y, q8 + 96, 32)))))
         offset = vdot(vload_i16(y, yo + 260, 16), vi16(vi8(vload(x, xo + 192, 16)))) << 5
         acc += vfloat(sumi - offset) * (_f(y, yo) * _h(x, xo + 208))
     return vsum(acc)
