@@ -373,38 +373,29 @@ def vmaddubs(typingctx, a, b):
 
 @intrinsic
 def vdot4(typingctx, a, b):
-    """Unsigned bytes a times int8 b, summed in fours: Vec(int32 x n/4), lane k = a[4k]*b[4k] + ...
-    + a[4k+3]*b[4k+3]. ggml's mul_sum_us8_pairs: vpdpbusd with AVX512-VNNI (exact), else
-    pmaddubsw then pmaddwd by ones (exact while no pair sum passes int16), else plain IR (exact)."""
-    if not _u8_i8(a, b):
+    """Bytes a times int8 b, summed in fours: Vec(int32 x n/4), lane k = a[4k]*b[4k] + ... +
+    a[4k+3]*b[4k+3], a's lanes signed or unsigned as its dtype says. Exact for every input."""
+    if not (isinstance(a, Vec) and isinstance(b, Vec) and a.count == b.count and a.count % 4 == 0
+            and a.dtype in (types.uint8, types.int8) and b.dtype == types.int8):
         return None
-    n = a.count
+    n, signed = a.count, a.dtype.signed
 
     def codegen(context, builder, sig, args):
         v8 = ir.VectorType(_I32, 8)
-        if AVX512_VNNI and n == 32:
-            zero, (x, y) = ir.Constant(v8, None), (builder.bitcast(v, v8) for v in args)
-            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, x, y])
-        if AVX2 and n == 32:
+        if AVX512_VNNI and n == 32:            # vpdpbusd: u8*i8 in fours, no saturation
+            zero, y = ir.Constant(v8, None), builder.bitcast(args[1], v8)
+            if not signed:
+                return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, builder.bitcast(args[0], v8), y])
+            shift = ir.Constant(args[0].type, [128] * 32)            # a + 128, unsigned, then 128*b off
+            x = builder.bitcast(builder.xor(args[0], shift), v8)
+            s = _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, x, y])
+            off = _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, builder.bitcast(shift, v8), y])
+            return builder.sub(s, off)
+        if AVX2 and n == 32 and not signed:    # pmaddubsw, then pmaddwd by ones
             p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, 16), args)
             return _x86(builder, "llvm.x86.avx2.pmadd.wd", v8, [ir.Constant(p.type, [1] * 16), p])
         wide = ir.VectorType(_I32, n)
-        p = _pairs(builder, builder.mul(builder.zext(args[0], wide), builder.sext(args[1], wide)), n)
+        x = builder.sext(args[0], wide) if signed else builder.zext(args[0], wide)
+        p = _pairs(builder, builder.mul(x, builder.sext(args[1], wide)), n)
         return _pairs(builder, p, n // 2)
     return Vec(types.int32, n // 4)(a, b), codegen
-
-
-@intrinsic
-def vsign(typingctx, a, b):
-    """int8 a where b > 0, -a where b < 0 (wrapping: -(-128) is -128), 0 where b == 0: x86's
-    psignb, ggml's _mm256_sign_epi8. vsign(x, x) is |x|, read as uint8 exact for every x."""
-    if not (isinstance(a, Vec) and a == b and a.dtype == types.int8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        if AVX2 and sig.args[0].count == 32:
-            return _x86(builder, "llvm.x86.avx2.psign.b", args[0].type, args)
-        zero = ir.Constant(args[0].type, None)
-        keep = builder.select(builder.icmp_signed("==", args[1], zero), zero, args[0])
-        return builder.select(builder.icmp_signed("<", args[1], zero), builder.sub(zero, args[0]), keep)
-    return a(a, b), codegen

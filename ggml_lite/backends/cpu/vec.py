@@ -14,7 +14,7 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.kernels import _F16_TABLE, _quantize_row
 from ggml_lite.backends.cpu.simd import (vas, vcat, vdot, vdot4, vfloat, vget, vi8, vi16, vload, vload_f16,
-                                        vload_i16, vmaddubs, vpack, vpairs, vpick2, vsign, vsplat2, vsum, vu8, vzero)
+                                        vload_i16, vmaddubs, vpack, vpairs, vpick2, vsplat2, vsum, vu8, vzero)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,
                              get_type_traits, row_size, type_name, type_size)
@@ -83,23 +83,18 @@ def _u32(b, o):
 # A call per row would make a new array view of the weight row and pass it, with an atomic
 # increment and decrement of the weight buffer's reference count that every thread shares.
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _mul_sum_i8_quads(x, y):
-    """ggml's mul_sum_i8_pairs_float before the conversion: int8 x times int8 y summed in fours,
-    as |x| (unsigned) times y with x's sign (vsign), by vdot4."""
-    return vdot4(vu8(vsign(x, x)), vsign(y, x))
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_0_q8_0(n, x, y):
     """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per block the
-    32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32 lanes, converted and
-    multiply-added with dx*dy into 8 float32 lanes; the lanes are summed once, at the end."""
-    acc = vzero(np.float32, 8)
+    32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32 lanes (as codes*y
+    minus 8*y), converted and multiply-added with dx*dy into 8 float32 lanes; the lanes are
+    summed once, at the end."""
+    acc, eight = vzero(np.float32, 8), vu8(vzero(np.int8, 32) + 8)
     for ib in range(n // 32):
         xo, yo = ib * 18, ib * 34
         q = vload(x, xo + 2, 16)                        # byte j: element j (low nibble), j+16 (high)
-        qx = vi8(vcat(q & 15, q >> 4) - 8)              # elements 0..31 as int8, -8..7
-        acc += vfloat(_mul_sum_i8_quads(qx, vi8(vload(y, yo + 2, 32)))) * (_h(x, xo) * _h(y, yo))
+        qy = vi8(vload(y, yo + 2, 32))
+        sumi = vdot4(vcat(q & 15, q >> 4), qy) - vdot4(eight, qy)
+        acc += vfloat(sumi) * (_h(x, xo) * _h(y, yo))
     return vsum(acc)
 
 
@@ -122,7 +117,7 @@ def vec_dot_q8_0_q8_0(n, x, y):
     acc = vzero(np.float32, 8)
     for ib in range(n // 32):
         o = ib * 34
-        acc += vfloat(_mul_sum_i8_quads(vi8(vload(x, o + 2, 32)), vi8(vload(y, o + 2, 32)))) * (_h(x, o) * _h(y, o))
+        acc += vfloat(vdot4(vi8(vload(x, o + 2, 32)), vi8(vload(y, o + 2, 32)))) * (_h(x, o) * _h(y, o))
     return vsum(acc)
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots-k4
