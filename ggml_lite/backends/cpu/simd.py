@@ -331,7 +331,7 @@ def _target_features():
 
 
 _FEATURES = _target_features()
-AVX2 = "avx2" in _FEATURES                                  # pmaddubsw, psignb on 32 bytes
+AVX2 = "avx2" in _FEATURES                                  # pmaddubsw, pmaddwd on 32 bytes
 AVX512_VNNI = AVX2 and {"avx512vnni", "avx512vl"} <= _FEATURES   # vpdpbusd on 32 bytes
 
 
