@@ -1113,3 +1113,48 @@ def test_glu_refuses_types_ggml_does_not_compute():
         forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float16), ggml.GluOp.SWIGLU_OAI)
     with pytest.raises(GGMLError, match="geglu.*do not fit"):
         forward_glu(x, None, np.zeros((1, 1, 2, 4), np.float32), ggml.GluOp.GEGLU)
+
+
+MULMAT_REF = Path(__file__).parent / "data" / "llama_mulmat_ref.npz"      # tests/ggml_ref/llama_mulmat_ref.py
+_PATHS = """
+import sys, numpy as np
+import ggml_lite.backends.cpu.simd as S
+S.AVX512_VNNI = False
+if sys.argv[1] == "ir":
+    S.AVX2 = False
+from ggml_lite.types import Type
+from ggml_lite.backends.cpu.vec import forward_mul_mat
+d = np.load(sys.argv[2])
+for t in sys.argv[3:]:
+    ref = d[t + "_out"]
+    dst = np.zeros((1, 1) + ref.shape, np.float32)
+    forward_mul_mat(Type[t], d[t].reshape(1, 1, ref.shape[1], -1), d["x"].reshape((1, 1) + d["x"].shape), dst)
+    print(t, int((dst[0, 0] != ref).sum()))
+"""
+_QDOT_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("t", _QDOT_TYPES)
+def test_quantized_dots_give_ggmls_bits(t):
+    """The quantized dots keep ggml's AVX2 lanes and float order: ggml 0.15.3's own mul_mat
+    outputs (20 rows x 512, one thread), every one equal bit for bit."""
+    d = np.load(MULMAT_REF)
+    ref = d[f"{t}_out"]
+    dst = np.zeros((1, 1) + ref.shape, np.float32)
+    V.forward_mul_mat(Type[t], d[t].reshape(1, 1, ref.shape[1], -1), d["x"].reshape((1, 1) + d["x"].shape), dst)
+    assert np.array_equal(dst[0, 0].view(np.uint32), ref.view(np.uint32)), int((dst[0, 0] != ref).sum())
+
+
+@pytest.mark.parametrize("path", ["avx2", "ir"])
+def test_quantized_dots_same_bits_without_vnni_or_avx2(path, tmp_path):
+    """vdot4 and vmaddubs without AVX512-VNNI (pmaddubsw + pmaddwd) and without AVX2 (plain IR),
+    compiled afresh in a subprocess: the same bits as ggml's outputs."""
+    import os
+    import subprocess
+    import sys
+    if path == "avx2" and not S.AVX2:
+        pytest.skip("the machine numba compiles for has no AVX2")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _PATHS, path, str(MULMAT_REF)] + _QDOT_TYPES, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [w for t in _QDOT_TYPES for w in (t, "0")], out

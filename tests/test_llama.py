@@ -404,7 +404,7 @@ def _x86_q8_codes_differ(x):
     return set(np.nonzero((q_ref != q_x86).any(axis=(1, 2)))[0].tolist())
 
 
-@pytest.mark.parametrize("t", ["Q4_1", "Q4_K", "Q6_K", "BF16", "Q8_0"])
+@pytest.mark.parametrize("t", ["Q4_1", "Q4_K", "Q6_K", "BF16", "Q8_0", "Q4_0"])
 def test_quantized_products_against_ggml(t):
     """ggml 0.15.3's CPU mul_mat on these weight types (fixture llama_mulmat_ref.py) and ggml_lite's
     agree to rounding noise on every row: ggml_lite quantizes the activations to Q8_0/Q8_1 as ggml's

@@ -1,8 +1,8 @@
 """Fixture for tests/test_llama.py: ggml 0.15.3's CPU mul_mat on the weight types of the llama test
-models, to tell the llama chapter's gaps to llama.cpp apart from gaps to ggml itself.
+models and Q4_0, to tell the llama chapter's gaps to llama.cpp apart from gaps to ggml itself.
 
 With the project's venv it quantizes seeded random weights [256, 512] (Q4_1, Q4_K, Q6_K, BF16,
-Q8_0: the gguf package's quantizers, the types chapter's for the K-quants) and 20 activation rows,
+Q8_0, Q4_0: the gguf package's quantizers, the types chapter's for the K-quants) and 20 activation rows,
 then runs its second half under ggml-python (`--peer`), which multiplies them with real ggml
 (one thread) and stores everything in tests/data/llama_mulmat_ref.npz:
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TYPES = ["Q4_1", "Q4_K", "Q6_K", "BF16", "Q8_0"]
+TYPES = ["Q4_1", "Q4_K", "Q6_K", "BF16", "Q8_0", "Q4_0"]
 K, N, M = 256, 512, 20
 OUT = Path(__file__).resolve().parents[1] / "data" / "llama_mulmat_ref.npz"
 

@@ -6,9 +6,10 @@ __all__ = []
 # %% book/05_cpu_kernels.ipynb #kern-simd
 import operator
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic, models, overload, register_model
 
 
@@ -28,13 +29,18 @@ class _VecModel(models.PrimitiveModel):
         super().__init__(dmm, fe_type, ir.VectorType(lane, fe_type.count))
 
 
-_I32 = ir.IntType(32)
+_I16, _I32 = ir.IntType(16), ir.IntType(32)
 
 
 def _shuffle(builder, v, lanes):
     """The lanes of v at the given positions (LLVM's shufflevector with a constant mask)."""
     mask = ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes))
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _pairs(builder, v, n):
+    """Adjacent lanes of the n-lane vector v added: lane k = v[2k] + v[2k+1]."""
+    return builder.add(_shuffle(builder, v, range(0, n, 2)), _shuffle(builder, v, range(1, n, 2)))
 
 
 def _splat(context, builder, value, fromty, vecty):
@@ -44,19 +50,61 @@ def _splat(context, builder, value, fromty, vecty):
     return _shuffle(builder, one, [0] * vecty.count)
 
 
+def _pointer(context, builder, aryty, ary, i, vecty):
+    """A pointer to a[i] of a numba array, typed as a pointer to vecty."""
+    a = context.make_array(aryty)(context, builder, ary)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, a, [i])
+    return builder.bitcast(ptr, context.get_value_type(vecty).as_pointer())
+
+# %% book/05_cpu_kernels.ipynb #kern-simd-load
+def _loader(lane):
+    @intrinsic
+    def load(typingctx, a, i, n):
+        if not (isinstance(a, types.Array) and a.dtype == types.uint8 and isinstance(n, types.IntegerLiteral)):
+            return None
+        rt = Vec(lane, n.literal_value)
+
+        def codegen(context, builder, sig, args):
+            return builder.load(_pointer(context, builder, sig.args[0], args[0], args[1], rt), align=1)
+        return rt(a, i, n), codegen
+    return load
+
+
+# vload(a, i, n): the n bytes a[i], ..., a[i+n-1] of a uint8 array as Vec(uint8 x n), n a constant,
+# in one unaligned load (the bytes are contiguous: the kernels read rows of blocks). vload_i16: n
+# int16 stored little-endian from byte a[i] on, as Vec(int16 x n) (block_q8_K's bsums).
+vload, vload_i16 = _loader(types.uint8), _loader(types.int16)
+
+
+def _bytes_as(lane):
+    @intrinsic
+    def retype(typingctx, v):
+        if not (isinstance(v, Vec) and v.dtype in (types.uint8, types.int8)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return args[0]
+        return Vec(lane, v.count)(v), codegen
+    return retype
+
+
+# vi8(v), vu8(v): the same bytes read as int8, as uint8: a change of type, no instruction.
+vi8, vu8 = _bytes_as(types.int8), _bytes_as(types.uint8)
+
+
 @intrinsic
-def vload(typingctx, a, i, n):
-    """The n bytes a[i], ..., a[i+n-1] of a uint8 array as Vec(uint8 x n), n a constant: one
-    unaligned load. The bytes must be contiguous (they are: the kernels read rows of blocks)."""
-    if not (isinstance(a, types.Array) and a.dtype == types.uint8 and isinstance(n, types.IntegerLiteral)):
+def vas(typingctx, v, dtype):
+    """The same bits as lanes of dtype: vas(Vec(uint8 x 4), np.uint32) is Vec(uint32 x 1)."""
+    if not (isinstance(v, Vec) and isinstance(dtype, types.NumberClass)):
         return None
-    rt = Vec(types.uint8, n.literal_value)
+    lane, bits = dtype.instance_type, v.count * v.dtype.bitwidth
+    if bits % lane.bitwidth:
+        return None
+    rt = Vec(lane, bits // lane.bitwidth)
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
-        return builder.load(builder.bitcast(ptr, context.get_value_type(rt).as_pointer()), align=1)
-    return rt(a, i, n), codegen
+        return builder.bitcast(args[0], context.get_value_type(rt))
+    return rt(v, dtype), codegen
 
 
 @intrinsic
@@ -70,18 +118,7 @@ def vzero(typingctx, dtype, n):
         return ir.Constant(context.get_value_type(rt), None)
     return rt(dtype, n), codegen
 
-
-@intrinsic
-def vi8(typingctx, v):
-    """The same bytes read as int8: a change of type, no instruction."""
-    if not (isinstance(v, Vec) and v.dtype in (types.uint8, types.int8)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return args[0]
-    return Vec(types.int8, v.count)(v), codegen
-
-
+# %% book/05_cpu_kernels.ipynb #kern-simd-lanes
 @intrinsic
 def vcat(typingctx, a, b):
     """The lanes of a, then those of b."""
@@ -95,26 +132,77 @@ def vcat(typingctx, a, b):
 
 
 @intrinsic
+def vget(typingctx, v, k):
+    """Lane k of v, k a constant."""
+    if not (isinstance(v, Vec) and isinstance(k, types.IntegerLiteral) and 0 <= k.literal_value < v.count):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], _I32(sig.args[1].literal_value))
+    return v.dtype(v, k), codegen
+
+
+@intrinsic
+def vpack(typingctx, t):
+    """A tuple of numbers of one type as a Vec, element k in lane k."""
+    if not (isinstance(t, types.UniTuple) and isinstance(t.dtype, (types.Integer, types.Float))):
+        return None
+    rt = Vec(t.dtype, t.count)
+
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(context.get_value_type(rt), ir.Undefined)
+        for k in range(sig.args[0].count):
+            v = builder.insert_element(v, builder.extract_value(args[0], k), _I32(k))
+        return v
+    return rt(t), codegen
+
+
+@intrinsic
+def vi16(typingctx, v):
+    """Bytes widened to int16 lanes, sign- or zero-extended as their dtype says (ggml's
+    _mm256_cvtepi8_epi16, _mm256_cvtepu8_epi16)."""
+    if not (isinstance(v, Vec) and v.dtype in (types.uint8, types.int8)):
+        return None
+    rt = Vec(types.int16, v.count)
+
+    def codegen(context, builder, sig, args):
+        wide = context.get_value_type(rt)
+        return builder.sext(args[0], wide) if sig.args[0].dtype.signed else builder.zext(args[0], wide)
+    return rt(v), codegen
+
+# %% book/05_cpu_kernels.ipynb #kern-simd-dot
+@intrinsic
 def vdot(typingctx, a, b):
-    """Two byte vectors multiplied lane by lane and summed in adjacent pairs: Vec(int32 x n/2) with
-    lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1]. a's lanes are signed or unsigned as its dtype says,
-    b's are int8. Exact. This is x86's pmaddwd, ggml's mul_sum_i8_pairs."""
+    """Two vectors multiplied lane by lane and summed in adjacent pairs: Vec(int32 x n/2) with
+    lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1]. Either bytes (a's signed or unsigned as its dtype
+    says, b's int8) or two int16 vectors: that is x86's pmaddwd, ggml's _mm256_madd_epi16. Exact."""
     if not (isinstance(a, Vec) and isinstance(b, Vec) and a.count == b.count and a.count % 2 == 0
-            and a.dtype.bitwidth == 8 and b.dtype.bitwidth == 8):
+            and (a.dtype.bitwidth == b.dtype.bitwidth == 8 or a.dtype == b.dtype == types.int16)):
         return None
     n = a.count
 
     def codegen(context, builder, sig, args):
         wide = ir.VectorType(_I32, n)
         x = builder.sext(args[0], wide) if sig.args[0].dtype.signed else builder.zext(args[0], wide)
-        p = builder.mul(x, builder.sext(args[1], wide))
-        return builder.add(_shuffle(builder, p, range(0, n, 2)), _shuffle(builder, p, range(1, n, 2)))
+        return _pairs(builder, builder.mul(x, builder.sext(args[1], wide)), n)
     return Vec(types.int32, n // 2)(a, b), codegen
 
 
 @intrinsic
+def vpairs(typingctx, v):
+    """Adjacent integer lanes added, lane k = v[2k] + v[2k+1], wrapping as C's (ggml's
+    _mm_hadd_epi16 of the two halves)."""
+    if not (isinstance(v, Vec) and isinstance(v.dtype, types.Integer) and v.count % 2 == 0):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _pairs(builder, args[0], sig.args[0].count)
+    return Vec(v.dtype, v.count // 2)(v), codegen
+
+
+@intrinsic
 def vfloat(typingctx, v):
-    """int32 lanes converted to float32."""
+    """int32 lanes converted to float32 (rounded to nearest, as _mm256_cvtepi32_ps)."""
     if not (isinstance(v, Vec) and v.dtype == types.int32):
         return None
     rt = Vec(types.float32, v.count)
@@ -127,7 +215,7 @@ def vfloat(typingctx, v):
 @intrinsic
 def vsum(typingctx, v):
     """The sum of the lanes, as a tree: the upper half added to the lower half until one lane is
-    left (the order of ggml's hsum_float_8)."""
+    left (the order of ggml's hsum_float_8, and on 4 lanes of its _mm_movehl_ps, _mm_add_ss)."""
     if not isinstance(v, Vec):
         return None
     isfloat = isinstance(v.dtype, types.Float)
@@ -141,7 +229,7 @@ def vsum(typingctx, v):
         return builder.extract_element(x, _I32(0))
     return v.dtype(v), codegen
 
-
+# %% book/05_cpu_kernels.ipynb #kern-simd-ops
 # Lane-wise operators: Vec op Vec, or Vec op scalar (the scalar goes to every lane). Integer lanes
 # wrap around as C's do, and >> is logical on unsigned lanes, arithmetic on signed ones. Float
 # + - * carry LLVM's `contract` flag, so that acc + v * s becomes one fused multiply-add.
@@ -202,12 +290,13 @@ def vload_f16(typingctx, a, i, n):
 # %% book/05_cpu_kernels.ipynb #kern-simd-splat2
 @intrinsic
 def vsplat2(typingctx, a, b, n):
-    """Vec(int32 x n), n a constant: a in the lower n/2 lanes, b in the upper ones. The scales of
-    two sub-blocks side by side, as ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is))."""
+    """Vec(int16 x n), n a constant: a in the lower n/2 lanes, b in the upper ones. The scales of
+    two sub-blocks side by side, as ggml's _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales,
+    get_scale_shuffle(is))); vsplat2(s, s, 16) is one scale in every lane."""
     if not (isinstance(a, types.Integer) and isinstance(b, types.Integer) and isinstance(n, types.IntegerLiteral)):
         return None
     k = n.literal_value
-    rt = Vec(types.int32, k)
+    rt = Vec(types.int16, k)
 
     def codegen(context, builder, sig, args):
         va = _splat(context, builder, args[0], sig.args[0], rt)
@@ -215,3 +304,98 @@ def vsplat2(typingctx, a, b, n):
         mask = ir.Constant(ir.VectorType(_I32, k), list(range(k // 2)) + list(range(k + k // 2, 2 * k)))
         return builder.shuffle_vector(va, vb, mask)
     return rt(a, b, n), codegen
+
+
+@intrinsic
+def vpick2(typingctx, v, i, j, n):
+    """Vec(v.dtype x n), i, j, n constants: lane i of v in the lower n/2 lanes, lane j in the
+    upper ones; ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is)) on a vector of scales."""
+    if not (isinstance(v, Vec) and all(isinstance(k, types.IntegerLiteral) for k in (i, j, n))):
+        return None
+    k = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        a, b = sig.args[1].literal_value, sig.args[2].literal_value
+        return _shuffle(builder, args[0], [a] * (k // 2) + [b] * (k // 2))
+    return Vec(v.dtype, k)(v, i, j, n), codegen
+
+# %% book/05_cpu_kernels.ipynb #kern-simd-x86
+def _target_features():
+    """The x86 features numba compiles for: those of NUMBA_CPU_FEATURES when it is set, the
+    host's when numba targets the host (its default), none for any other NUMBA_CPU_NAME."""
+    if config.CPU_FEATURES:
+        return {f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")}
+    if config.CPU_NAME not in (None, "host") or not llvm.get_process_triple().startswith("x86_64"):
+        return set()
+    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+
+
+_FEATURES = _target_features()
+AVX2 = "avx2" in _FEATURES                                  # pmaddubsw, pmaddwd on 32 bytes
+AVX512_VNNI = AVX2 and {"avx512vnni", "avx512vl"} <= _FEATURES   # vpdpbusd on 32 bytes
+
+
+def _x86(builder, name, ret, args):
+    """A call of the LLVM intrinsic `name` (declared in the module on first use)."""
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+
+
+def _maddubs_ir(builder, a, b, n):
+    """pmaddubsw in plain IR: u8*i8 pairs in int32, saturated to int16."""
+    wide, half = ir.VectorType(_I32, n), ir.VectorType(_I32, n // 2)
+    s = _pairs(builder, builder.mul(builder.zext(a, wide), builder.sext(b, wide)), n)
+    lo, hi = ir.Constant(half, [-32768] * (n // 2)), ir.Constant(half, [32767] * (n // 2))
+    s = builder.select(builder.icmp_signed("<", s, lo), lo, s)
+    s = builder.select(builder.icmp_signed(">", s, hi), hi, s)
+    return builder.trunc(s, ir.VectorType(_I16, n // 2))
+
+
+def _u8_i8(a, b):
+    return isinstance(a, Vec) and isinstance(b, Vec) and a.count == b.count and a.count % 4 == 0 \
+        and a.dtype == types.uint8 and b.dtype == types.int8
+
+# %% book/05_cpu_kernels.ipynb #kern-simd-x86-ops
+@intrinsic
+def vmaddubs(typingctx, a, b):
+    """Unsigned bytes a times int8 b, summed in adjacent pairs into Vec(int16 x n/2), saturated to
+    int16: x86's pmaddubsw, ggml's _mm256_maddubs_epi16."""
+    if not _u8_i8(a, b):
+        return None
+    n = a.count
+
+    def codegen(context, builder, sig, args):
+        if AVX2 and n == 32:
+            return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, 16), args)
+        return _maddubs_ir(builder, args[0], args[1], n)
+    return Vec(types.int16, n // 2)(a, b), codegen
+
+
+@intrinsic
+def vdot4(typingctx, a, b):
+    """Bytes a times int8 b, summed in fours: Vec(int32 x n/4), lane k = a[4k]*b[4k] + ... +
+    a[4k+3]*b[4k+3], a's lanes signed or unsigned as its dtype says. Exact for every input."""
+    if not (isinstance(a, Vec) and isinstance(b, Vec) and a.count == b.count and a.count % 4 == 0
+            and a.dtype in (types.uint8, types.int8) and b.dtype == types.int8):
+        return None
+    n, signed = a.count, a.dtype.signed
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_I32, 8)
+        if AVX512_VNNI and n == 32:            # vpdpbusd: u8*i8 in fours, no saturation
+            zero, y = ir.Constant(v8, None), builder.bitcast(args[1], v8)
+            if not signed:
+                return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, builder.bitcast(args[0], v8), y])
+            shift = ir.Constant(args[0].type, [128] * 32)            # a + 128, unsigned, then 128*b off
+            x = builder.bitcast(builder.xor(args[0], shift), v8)
+            s = _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, x, y])
+            off = _x86(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, builder.bitcast(shift, v8), y])
+            return builder.sub(s, off)
+        if AVX2 and n == 32 and not signed:    # pmaddubsw, then pmaddwd by ones
+            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, 16), args)
+            return _x86(builder, "llvm.x86.avx2.pmadd.wd", v8, [ir.Constant(p.type, [1] * 16), p])
+        wide = ir.VectorType(_I32, n)
+        x = builder.sext(args[0], wide) if signed else builder.zext(args[0], wide)
+        p = _pairs(builder, builder.mul(x, builder.sext(args[1], wide)), n)
+        return _pairs(builder, p, n // 2)
+    return Vec(types.int32, n // 4)(a, b), codegen

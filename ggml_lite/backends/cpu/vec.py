@@ -14,10 +14,11 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
 from ggml_lite.backends.cpu.quants import quantize_row as _quantize_row
-from ggml_lite.backends.cpu.simd import vcat, vdot, vfloat, vi8, vload, vload_f16, vsplat2, vsum, vzero
+from ggml_lite.backends.cpu.simd import (vas, vcat, vdot, vdot4, vfloat, vget, vi8, vi16, vload, vload_f16,
+                                        vload_i16, vmaddubs, vpack, vpairs, vpick2, vsplat2, vsum, vu8, vzero)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,
-                             get_scale_min_k4, get_type_traits, row_size, type_name, type_size)
+                             get_type_traits, row_size, type_name, type_size)
 
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
 _FLOAT_DTYPE = {Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16), Type.BF16: np.dtype(np.uint16)}
@@ -70,14 +71,13 @@ def _h(b, o):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _f(b, o):
     """The float32 stored at bytes b[o:o+4] (block_q8_K's d)."""
-    u = np.int64(b[o]) | (np.int64(b[o + 1]) << 8) | (np.int64(b[o + 2]) << 16) | (np.int64(b[o + 3]) << 24)
-    return np.uint32(u).view(np.float32)
+    return vget(vas(vload(b, o, 4), np.float32), 0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _i16(b, o):
-    """The int16 stored at bytes b[o], b[o+1] (block_q8_K's bsums)."""
-    return np.int16(np.int32(b[o]) | (np.int32(b[o + 1]) << 8))
+def _u32(b, o):
+    """The uint32 stored at bytes b[o:o+4] (four of block_q4_K's packed scale bytes)."""
+    return vget(vas(vload(b, o, 4), np.uint32), 0)
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots
 # inline="always": numba pastes each kernel into the row loop of the mul_mat chunk (_vec_dot_rows).
@@ -86,72 +86,82 @@ def _i16(b, o):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_0_q8_0(n, x, y):
     """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per block the
-    32 codes minus 8 times the 32 int8 of y, summed in pairs into 16 int32 lanes, converted and
-    added to 16 float32 lanes times dx*dy; the lanes are summed once, at the end."""
-    acc = vzero(np.float32, 16)
+    32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32 lanes (as codes*y
+    minus 8*y), converted and multiply-added with dx*dy into 8 float32 lanes; the lanes are
+    summed once, at the end."""
+    acc, eight = vzero(np.float32, 8), vu8(vzero(np.int8, 32) + 8)
     for ib in range(n // 32):
         xo, yo = ib * 18, ib * 34
         q = vload(x, xo + 2, 16)                        # byte j: element j (low nibble), j+16 (high)
-        qx = vi8(vcat(q & 15, q >> 4) - 8)              # elements 0..31 as int8, -8..7
-        acc += vfloat(vdot(qx, vload(y, yo + 2, 32))) * (_h(x, xo) * _h(y, yo))
+        qy = vi8(vload(y, yo + 2, 32))
+        sumi = vdot4(vcat(q & 15, q >> 4), qy) - vdot4(eight, qy)
+        acc += vfloat(sumi) * (_h(x, xo) * _h(y, yo))
     return vsum(acc)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_1_q8_1(n, x, y):
     """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s, where
-    y's s = dy*sum(q8) was stored by the q8_1 quantizer."""
-    acc, offsets = vzero(np.float32, 16), np.float32(0.0)
+    y's s = dy*sum(q8) was stored by the q8_1 quantizer; the m*s of the blocks add up in a float."""
+    acc, summs = vzero(np.float32, 8), np.float32(0.0)
     for ib in range(n // 32):
         xo, yo = ib * 20, ib * 36
+        summs += _h(x, xo + 2) * _h(y, yo + 2)
         q = vload(x, xo + 4, 16)
-        acc += vfloat(vdot(vcat(q & 15, q >> 4), vload(y, yo + 4, 32))) * (_h(x, xo) * _h(y, yo))
-        offsets += _h(x, xo + 2) * _h(y, yo + 2)
-    return vsum(acc) + offsets
+        acc += vfloat(vdot4(vcat(q & 15, q >> 4), vi8(vload(y, yo + 4, 32)))) * (_h(x, xo) * _h(y, yo))
+    return vsum(acc) + summs
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q8_0_q8_0(n, x, y):
-    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in pairs, times dx*dy."""
-    acc = vzero(np.float32, 16)
+    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in fours, times dx*dy."""
+    acc = vzero(np.float32, 8)
     for ib in range(n // 32):
         o = ib * 34
-        acc += vfloat(vdot(vi8(vload(x, o + 2, 32)), vload(y, o + 2, 32))) * (_h(x, o) * _h(y, o))
+        acc += vfloat(vdot4(vi8(vload(x, o + 2, 32)), vi8(vload(y, o + 2, 32)))) * (_h(x, o) * _h(y, o))
     return vsum(acc)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-qdots-k4
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_K_q8_K(n, x, y):
-    """ggml_vec_dot_q4_K_q8_K: per super-block of 256, each sub-block's pair sums of q4*q8 times
-    its 6-bit scale, in 16 int32 lanes, times d*yd; the mins go through y's bsums on the scalar
-    side, dmin*yd*sum_g(bsums_g * m_{g/2}), and are subtracted at the end."""
-    acc, mins = vzero(np.float32, 16), np.float32(0.0)
+    """ggml_vec_dot_q4_K_q8_K: per super-block of 256, the 12 bytes of 6-bit scales and mins
+    unpacked as ggml's utmp; each sub-block's q4*q8 summed in pairs (vmaddubs), times its scale
+    and in pairs again (vdot) into 8 int32 lanes, times d*yd into 8 float32 lanes. The mins go
+    through y's bsums, 4 lanes of m_{2k}*(bsums of sub-block 2k) + m_{2k+1}*(...), times
+    -dmin*yd into 4 float32 lanes; the two are summed at the end."""
+    acc, acc_m = vzero(np.float32, 8), vzero(np.float32, 4)
     for ib in range(n // 256):
         xo, yo = ib * 144, ib * 292
-        sumi, summ = vzero(np.int32, 16), 0
-        for j in range(4):               # 32 bytes of qs: sub-block 2j (low), 2j+1 (high nibbles)
-            sc0, m0 = get_scale_min_k4(2 * j, x, xo + 4)
-            sc1, m1 = get_scale_min_k4(2 * j + 1, x, xo + 4)
-            q, q8 = vload(x, xo + 16 + 32 * j, 32), yo + 4 + 64 * j
-            sumi += vdot(q & 15, vload(y, q8, 32)) * sc0 + vdot(q >> 4, vload(y, q8 + 32, 32)) * sc1
-            summ += (np.int32(_i16(y, yo + 260 + 8 * j)) + _i16(y, yo + 262 + 8 * j)) * np.int32(m0) \
-                + (np.int32(_i16(y, yo + 264 + 8 * j)) + _i16(y, yo + 266 + 8 * j)) * np.int32(m1)
+        u0, u1, u2 = _u32(x, xo + 4), _u32(x, xo + 8), _u32(x, xo + 12)
+        sc_lo = u0 & 0x3F3F3F3F                                       # scales of sub-blocks 0..3
+        sc_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4)    # 4..7
+        m_lo = u1 & 0x3F3F3F3F                                        # mins 0..3
+        m_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)
+        mins = vi16(vas(vpack((np.uint32(m_lo), np.uint32(m_hi))), np.uint8))
         yd = _f(y, yo)
-        acc += vfloat(sumi) * (_h(x, xo) * yd)
-        mins += _h(x, xo + 2) * yd * np.float32(summ)
-    return vsum(acc) - mins
+        acc_m += vfloat(vdot(mins, vpairs(vload_i16(y, yo + 260, 16)))) * (-yd * _h(x, xo + 2))
+        sumi = vzero(np.int32, 8)
+        for j in range(4):               # 32 bytes of qs: sub-block 2j (low), 2j+1 (high nibbles)
+            s = (sc_lo if j < 2 else sc_hi) >> (16 * (j & 1))
+            sc0, sc1 = s & 255, (s >> 8) & 255
+            q, q8 = vload(x, xo + 16 + 32 * j, 32), yo + 4 + 64 * j
+            sumi += (vdot(vsplat2(sc0, sc0, 16), vmaddubs(q & 15, vi8(vload(y, q8, 32))))
+                     + vdot(vsplat2(sc1, sc1, 16), vmaddubs(q >> 4, vi8(vload(y, q8 + 32, 32)))))
+        acc += vfloat(sumi) * (yd * _h(x, xo))
+    return vsum(acc) + vsum(acc_m)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-qdots-k6
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q6_K_q8_K(n, x, y):
     """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql twice and 32 of
-    qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs and by
-    their sub-blocks' scales (two per vector, vsplat2) into 16 int32 lanes. The codes' offset of
-    32 is taken off once per super-block through y's bsums: 32 * sum_g(bsums_g * scale_g)."""
-    acc, offsets = vzero(np.float32, 16), np.float32(0.0)
+    qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs (vmaddubs),
+    by their sub-blocks' scales (two per vector, vpick2) and in pairs again (vdot) into 8 int32
+    lanes. The codes' offset of 32 comes off per lane through y's bsums: lane k loses
+    32 * (bsums_2k * scale_2k + bsums_2k+1 * scale_2k+1)."""
+    acc = vzero(np.float32, 8)
     for ib in range(n // 256):
         xo, yo = ib * 210, ib * 292
-        sumi = vzero(np.int32, 16)
+        sumi = vzero(np.int32, 8)
         for h in range(2):
             ql, qh, sc, q8 = xo + 64 * h, xo + 128 + 32 * h, xo + 192 + 8 * h, yo + 4 + 128 * h
             b1, b2, c = vload(x, ql, 32), vload(x, ql + 32, 32), vload(x, qh, 32)
@@ -159,17 +169,14 @@ def vec_dot_q6_K_q8_K(n, x, y):
             q1 = (b2 & 15) | ((c & 12) << 2)           # 32..63
             q2 = (b1 >> 4) | (c & 48)                  # 64..95
             q3 = (b2 >> 4) | ((c >> 2) & 48)           # 96..127
-            sumi += (vdot(q0, vload(y, q8, 32)) * vsplat2(np.int8(x[sc]), np.int8(x[sc + 1]), 16)
-                     + vdot(q1, vload(y, q8 + 32, 32)) * vsplat2(np.int8(x[sc + 2]), np.int8(x[sc + 3]), 16)
-                     + vdot(q2, vload(y, q8 + 64, 32)) * vsplat2(np.int8(x[sc + 4]), np.int8(x[sc + 5]), 16)
-                     + vdot(q3, vload(y, q8 + 96, 32)) * vsplat2(np.int8(x[sc + 6]), np.int8(x[sc + 7]), 16))
-        corr = 0
-        for g in range(16):                            # sub-block g of 16: scale g, bsums g
-            corr += np.int32(_i16(y, yo + 260 + 2 * g)) * np.int32(np.int8(x[xo + 192 + g]))
-        d = _h(x, xo + 208) * _f(y, yo)
-        acc += vfloat(sumi) * d
-        offsets += np.float32(32 * corr) * d
-    return vsum(acc) - offsets
+            s = vi16(vi8(vload(x, sc, 8)))             # the half's 8 scales, int16
+            sumi += (vdot(vpick2(s, 0, 1, 16), vmaddubs(q0, vi8(vload(y, q8, 32))))
+                     + vdot(vpick2(s, 2, 3, 16), vmaddubs(q1, vi8(vload(y, q8 + 32, 32)))))
+            sumi += (vdot(vpick2(s, 4, 5, 16), vmaddubs(q2, vi8(vload(y, q8 + 64, 32))))
+                     + vdot(vpick2(s, 6, 7, 16), vmaddubs(q3, vi8(vload(y, q8 + 96, 32)))))
+        offset = vdot(vload_i16(y, yo + 260, 16), vi16(vi8(vload(x, xo + 192, 16)))) << 5
+        acc += vfloat(sumi - offset) * (_f(y, yo) * _h(x, xo + 208))
+    return vsum(acc)
 
 # %% book/05_cpu_kernels.ipynb #kern-traits
 @dataclass(frozen=True)
