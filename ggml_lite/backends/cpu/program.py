@@ -49,7 +49,7 @@ from ggml_lite.backends.cpu import binary_ops as B  # noqa: E402
 from ggml_lite.backends.cpu import ops as K  # noqa: E402
 from ggml_lite.backends.cpu import vec as V  # noqa: E402
 
-
+# %% book/06_cpu_compute.ipynb #native-atomics-ops
 def _item(context, builder, arrty, arr, idx):
     ary = context.make_array(arrty)(context, builder, arr)
     return cgutils.get_item_pointer(context, builder, arrty, ary, [idx])
@@ -94,7 +94,7 @@ def atomic_fetch_add_seq(typingctx, a, i, v):
         return builder.atomic_rmw("add", _item(context, builder, sig.args[0], args[0], args[1]), v, "seq_cst")
     return types.int64(a, i, v), codegen
 
-
+# %% book/06_cpu_compute.ipynb #native-spin-helpers
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
@@ -226,7 +226,7 @@ def _call_abort(slot):
         r = _python_abort(slot)
     return r
 
-
+# %% book/06_cpu_compute.ipynb #native-run-task
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
     """Task k of the program on thread ith of nth: a compiled kernel, or a call back to Python.
@@ -332,7 +332,7 @@ def _run_program(ctl, ith):
     owner = make_view(ctl[j + 5], (ctl[j + 6],), (i8(4),), np.int32)
     graph_compute_thread(prog, fp, state, owner, ctl[j + 7], ith)
 
-
+# %% book/06_cpu_compute.ipynb #native-pool-poll
 @intrinsic
 def cycle_counter(typingctx):
     """LLVM's readcyclecounter: the time-stamp counter on x86 (0 where a CPU has none)."""

@@ -317,7 +317,7 @@ def _vec_dot_flt_impl(t, n, x, y):
         return vec_dot_bf16(n, x, y)
     return impl
 
-
+# %% book/05_cpu_kernels.ipynb #kern-chunk-one
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
     """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1 converted
@@ -346,7 +346,7 @@ def _mm_chunk_f(t, n, a, b, d, ir0s, ir0e, ir1s, ir1e):
                 for ir0 in range(iir0, min(iir0 + 16, ir0e)):
                     out[ir0] = _vec_dot_flt(t, n, xa[ir0], y)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-chunk-loop
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_chunks_q(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1, counter, owner, ith, nth):
     """ggml's chunk loop: chunk ith first, then whatever the shared counter hands out."""
@@ -420,7 +420,7 @@ def mul_mat_check(src0_type, src0, src1, dst):
     if dst.dtype != np.float32 or not (nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3]):
         raise GGMLError(f"mul_mat: dst must be F32, neither transposed nor permuted; got {dst.dtype}, nb = {nb}")
 
-
+# %% book/05_cpu_kernels.ipynb #kern-mulmat-chunk-py
 def _mm_operands(src0_type, src0, src1, wdata):
     """(t, n, a, b, quantized) as the kernels take them: a = src0 as numba reads it, b = src1 in
     place or its converted rows in wdata (uint16 rows for F16/BF16, flat bytes when quantized)."""
@@ -445,7 +445,7 @@ def forward_mul_mat_chunk(src0_type, src0, src1, dst, wdata, ir0_start, ir0_end,
     else:
         _mm_chunk_f(t, n, a, b, dst, ir0_start, ir0_end, ir1_start, ir1_end)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-mulmat-all-py
 _NO_OWNER = np.zeros(0, np.int32)
 
 
