@@ -88,6 +88,20 @@ def _copy_blocks(a, d, ts, ith, nth):
         d[i] = a[i]
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
+    """The next index of a 4-D walk in row-major order: i0 + 1, carried into i1, i2, i3 (ggml's
+    dup kernels write this carry out in each of their copy loops)."""
+    i0 += 1
+    if i0 == ne0:
+        i0, i1 = 0, i1 + 1
+        if i1 == ne1:
+            i1, i2 = 0, i2 + 1
+            if i2 == ne2:
+                i2, i3 = 0, i3 + 1
+    return i0, i1, i2, i3
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_flt(a, ta, d, td, same, ith, nth):
     """Element by element, in the logical (row-major) order of a into that of d, converting
@@ -108,16 +122,7 @@ def _dup_flt(a, ta, d, td, same, ith, nth):
                         d[i13, i12, i11, i10] = x[i00]
                     else:
                         d[i13, i12, i11, i10] = st(ld(x[i00], ta), td, d)
-                    i10 += 1
-                    if i10 == ne0:
-                        i10 = 0
-                        i11 += 1
-                        if i11 == ne1:
-                            i11 = 0
-                            i12 += 1
-                            if i12 == ne2:
-                                i12 = 0
-                                i13 += 1
+                    i10, i11, i12, i13 = _advance(i10, i11, i12, i13, ne0, ne1, ne2)
 
 # %% book/05_cpu_kernels.ipynb #kern-dup-blocks
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -138,16 +143,7 @@ def _dup_blocks(a, d, ts, ith, nth):
                 for k00 in range(nk00):
                     for b in range(ts):
                         d[i13, i12, i11, k10 * ts + b] = a[i03, i02, i01, k00 * ts + b]
-                    k10 += 1
-                    if k10 == nk0:
-                        k10 = 0
-                        i11 += 1
-                        if i11 == ne1:
-                            i11 = 0
-                            i12 += 1
-                            if i12 == ne2:
-                                i12 = 0
-                                i13 += 1
+                    k10, i11, i12, i13 = _advance(k10, i11, i12, i13, nk0, ne1, ne2)
 
 # %% book/05_cpu_kernels.ipynb #kern-dup-quant
 @njit(cache=True, nogil=True, error_model="numpy")
