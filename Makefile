@@ -8,6 +8,12 @@ STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 CHAPTERS = $(shell $(PYTHON) tools/tangle.py --list)
 NB ?= $(CHAPTERS)
+# numba caches a function defined in a notebook cell by that function's source alone, so a cell
+# whose callees changed (a kernel it inlines, a module it calls) would load stale machine code from
+# ~/.cache/ipython/numba_cache. Chapters run with a cache of their own, made fresh per run;
+# matplotlib keeps its font cache where it was.
+FRESH_CELL_CACHE = MPLCONFIGDIR=$${MPLCONFIGDIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/matplotlib} \
+	XDG_CACHE_HOME=$$(mktemp -d -t ggml_lite-cells-XXXXXX)
 
 .PHONY: help venv book test tangle check outputs bench lab clean
 
@@ -43,7 +49,7 @@ test: $(STAMP)
 	@echo "== 2/4 unit tests (tests/)"
 	$(PY) -m pytest tests -q -rs -p no:cacheprovider
 	@echo "== 3/4 chapters under nbval"
-	$(PY) -m pytest -q -rs -p no:cacheprovider --nbval --nbval-current-env \
+	$(FRESH_CELL_CACHE) $(PY) -m pytest -q -rs -p no:cacheprovider --nbval --nbval-current-env \
 	    --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 120 $(CHAPTERS)
 	@echo "== 4/4 book build (-W: a warning fails)"
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
@@ -57,7 +63,7 @@ bench: $(STAMP)
 
 lab: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lab]'
-	$(VENV)/bin/jupyter lab --notebook-dir=book
+	$(FRESH_CELL_CACHE) $(VENV)/bin/jupyter lab --notebook-dir=book
 
 clean:
 	rm -rf _build

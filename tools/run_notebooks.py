@@ -8,6 +8,7 @@ PYTHONHASHSEED=0, the working directory the notebook's own folder (as under nbva
 """
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,10 +37,21 @@ def missing_hardware(path: Path) -> str:
     return "" if ok else f"needs {need}: {why}"
 
 
+def fresh_cell_cache() -> None:
+    """numba caches a function defined in a notebook cell by that function's source alone (in
+    IPython's cache directory), so a cell whose callees changed would load stale machine code:
+    the kernels get a cache directory of their own, made fresh for this run. matplotlib keeps its
+    font cache where it was."""
+    old = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    os.environ.setdefault("MPLCONFIGDIR", os.path.join(old, "matplotlib"))
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ggml_lite-cells-")
+
+
 def main(paths: list[str]) -> int:
     if os.environ.get("PYTHONHASHSEED") != "0":
         print("run_notebooks: PYTHONHASHSEED must be 0 (make outputs sets it)", file=sys.stderr)
         return 2
+    fresh_cell_cache()
     for p in paths:
         why = missing_hardware(Path(p))
         if why:
