@@ -206,7 +206,7 @@ def reference(entry, srcs) -> np.ndarray:
         # float; only the squares are summed in double. On a constant row the float mean can miss
         # x by an ulp, and ggml's output is that residual times 1/sqrt(eps), not 0: so is this one.
         x32 = a.astype(np.float32)
-        mean = np.float32(x.sum(axis=-1, keepdims=True)).astype(np.float32) / np.float32(x.shape[-1])
+        mean = x.sum(axis=-1, keepdims=True).astype(np.float32) / np.float32(x.shape[-1])
         xc = (x32 - mean).astype(np.float64)
         return xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)
     if op == "DIAG_MASK_INF":

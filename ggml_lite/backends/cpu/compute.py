@@ -94,12 +94,11 @@ def _n_workers(node, n_threads, min_work):
     return n_threads if work >= min_work else 1
 
 
-def _make_tasks(cgraph, cplan, p=None):
+def _make_tasks(cgraph, cplan, p):
     """Every node checked against the kernel table first, then its kernel calls prepared
     (p: the Preparing whose views they use, kept for lowering the same tasks)."""
     kernels = [(i, node, cpu_check_node(node, i)) for i, node in enumerate(cgraph.nodes) if _computes(node)]
     tasks, owners = [], {}
-    p = p or Preparing(cplan.work_data, cplan.n_threads)
     for i, node, kernel in kernels:
         if is_empty(node):
             continue                                 # nothing to compute
@@ -203,13 +202,12 @@ _LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary, O
           Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm, Op.MUL_MAT: _lower_mul_mat}
 
 # %% book/06_cpu_compute.ipynb #native-lower2
-def _lower(cgraph, cplan, tasks, p=None):
+def _lower(cgraph, cplan, tasks, p):
     """The program: one row per task, compiled where _LOWER has the node's kernel (F32 and
     contiguous for the element-wise ops), a call back to the task's Python kernel otherwise.
     p: the Preparing the tasks were made with, so each tensor's numpy view is made once."""
     prog = np.zeros((len(tasks), P.ROW_SIZE), np.int64)
     fp = np.zeros((len(tasks), P.N_FPARAMS), np.float32)
-    p = p or Preparing(cplan.work_data, cplan.n_threads)
     k = 0
     while k < len(tasks):
         task = tasks[k]
@@ -232,7 +230,7 @@ class _Native:
     """A graph's program and what its workers share, and the Python side of its call-backs."""
     _slots = iter(range(1, 1 << 62))
 
-    def __init__(self, cgraph, cplan, tasks, p=None):
+    def __init__(self, cgraph, cplan, tasks, p):
         self.tasks = tasks
         self.prog, self.fp = _lower(cgraph, cplan, tasks, p)
         self.state = np.zeros(P.STATE_SIZE, np.int64)
