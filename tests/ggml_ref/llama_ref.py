@@ -17,7 +17,9 @@ Two halves, one file:
    vocabulary. Writes tests/data/llama_ref.npz and tests/data/llama_ref.json.
 
 llama.cpp runs on the CPU with flash attention off (soft_max path), an F16 KV cache (its default)
-and one thread.
+and one thread. On a CPU with AMX (Intel Sapphire Rapids and later) build llama-cpp-python with
+-DGGML_NATIVE=OFF and AVX2 flags (see AMX_BUILD_HINT): a native build crashes there, and the
+script refuses to run with it.
 """
 import argparse
 import json
@@ -73,11 +75,28 @@ def write_models(data, vocab_path):
         shutil.copyfile(str(vocab_path) + suffix, data / f"llama_vocab_spm.gguf{suffix}")
 
 
+AMX_BUILD_HINT = (
+    "llama-cpp-python built with native flags on a CPU with AMX (Intel Sapphire Rapids and later) "
+    "segfaults in llama_decode on Q8_0 and Q4_0 files (its AMX and repack extra buffer types). "
+    "Rebuild it without them: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON "
+    "-DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
+    "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF\" "
+    "pip install --no-cache-dir --force-reinstall llama-cpp-python==0.3.36")
+
+
+def refuse_amx_build(llama_cpp):
+    """Stop before llama.cpp crashes: an AMX build on a machine whose CPU has AMX."""
+    info = llama_cpp.llama_print_system_info().decode()
+    if "AMX_INT8 = 1" in info:
+        sys.exit(f"llama_ref.py: {AMX_BUILD_HINT}\n(system info: {info.strip()})")
+
+
 def peer(data):
     import ctypes
 
     import llama_cpp
     import numpy as np
+    refuse_amx_build(llama_cpp)
     arrays, meta = {}, {"prompt": PROMPT, "n_ctx": N_CTX, "llama_cpp_python": llama_cpp.__version__, "models": {}}
     for name in MODELS:
         llm = llama_cpp.Llama(model_path=str(data / f"llama_{name}.gguf"), n_ctx=N_CTX, n_batch=N_CTX,
