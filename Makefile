@@ -80,7 +80,7 @@ bench: $(STAMP)
 
 lab: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lab]'
-	$(FRESH_CELL_CACHE) $(VENV)/bin/jupyter lab --notebook-dir=book
+	$(FRESH_CELL_CACHE) $(VENV)/bin/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf _build

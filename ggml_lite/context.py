@@ -198,8 +198,9 @@ def context_check_alive(ctx, where=None):
                         f"no new object can be made in it")
 
 
-def new_object(ctx, obj_type, size, payload=None):
+def new_object(ctx, obj_type, size, payload=None, where=None):
     """ggml_new_object: append an object of `size` bytes (padded to 16) to the pool; its payload offset.
+    `where`: the call that asked (new_tensor_2d, new_graph_custom, ...), named in the error.
 
     The 32-byte header is written into the pool in front of the payload and linked from the
     previous header (`next` holds the new header's address, as ggml's pointer would).
@@ -209,8 +210,8 @@ def new_object(ctx, obj_type, size, payload=None):
     cur_end = used_mem(ctx)
     size_needed = PAD(size, MEM_ALIGN)
     needed = cur_end + size_needed + OBJECT_SIZE
-    if needed > ctx.mem_size:            # ggml's own message, without a function name
-        raise GGMLError(f"not enough space in the context's memory pool "
+    if needed > ctx.mem_size:            # ggml's message, with the call that ran out
+        raise GGMLError(f"{where + ': ' if where else ''}not enough space in the context's memory pool "
                         f"(needed {needed}, available {ctx.mem_size})")
     obj = _Object(cur_end + OBJECT_SIZE, size_needed, ObjectType(obj_type), payload)
     pool = ctx.mem_buffer

@@ -113,7 +113,7 @@ def new_graph_custom(ctx, size, grads=False):
     size = int(size)
     require(size >= 0, "new_graph_custom", f"size = {size} is negative")
     graph = CGraph(size, grads)
-    graph.offs = new_object(ctx, ObjectType.GRAPH, _graph_nbytes(size, grads), graph)
+    graph.offs = new_object(ctx, ObjectType.GRAPH, _graph_nbytes(size, grads), graph, where="new_graph_custom")
     graph._stamp = pool_stamp(ctx)
     return graph
 

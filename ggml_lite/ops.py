@@ -12,7 +12,7 @@ from ggml_lite.op_enums import (MROPE_SECTIONS, ROPE_TYPE_IMROPE, ROPE_TYPE_MROP
                                 get_glu_op, get_unary_op, glu_op_name, op_desc, op_name, op_symbol,
                                 unary_op_name)
 from ggml_lite.layout import require_same_shape
-from ggml_lite.tensor import (MAX_DIMS, can_repeat, dup_tensor, format_name,
+from ggml_lite.tensor import (MAX_DIMS, Tensor, can_repeat, dup_tensor, format_name,
                               get_op_params_i32, is_contiguous, is_contiguous_1,
                               is_contiguous_rows, is_padded_1d, is_transposed, is_vector,
                               nelements, new_tensor, new_tensor_1d, new_tensor_4d, set_op_params,
@@ -24,11 +24,16 @@ def _ne(t):
     return "[" + ", ".join(str(n) for n in t.ne) + "]"
 
 
-def _alive(where, *tensors):
-    """Every operand's memory must still be there (tensor chapter: when a tensor's memory is gone)."""
-    for t in tensors:
-        if t is not None:
-            tensor_check_alive(t, where)
+def _alive(where, *tensors, names="abc"):
+    """Every operand is a Tensor whose memory is still there (tensor chapter: when a tensor's memory
+    is gone). `names`: the operands' names in ggml.h, in order, for the message."""
+    for name, t in zip(names, tensors):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):               # e.g. a numpy array where a tensor belongs
+            raise GGMLError(f"{where}: argument {name} is a {type(t).__module__}.{type(t).__qualname__}, not a "
+                            f"ggml tensor (make one with new_tensor_*d and copy the values into it)")
+        tensor_check_alive(t, where)
 
 
 def _enum(kind, value, where):
@@ -193,7 +198,7 @@ def rms_norm_inplace(ctx, a, eps):
 
 # %% book/03_ops.ipynb #ops-softmax
 def _soft_max_impl(ctx, a, mask, scale, max_bias, inplace, where):
-    _alive(where, a, mask)
+    _alive(where, a, mask, names=("a", "mask"))
     require(is_contiguous(a), where, lambda: f"a.ne={_ne(a)} nb={a.nb}", assertion="ggml_is_contiguous(a)")
     if mask is not None:
         require(mask.type in (Type.F16, Type.F32), where, lambda: f"the mask is {type_name(mask.type)}",
@@ -237,7 +242,7 @@ def soft_max_ext_inplace(ctx, a, mask, scale, max_bias):
 
 def soft_max_add_sinks(a, sinks):
     """ggml_soft_max_add_sinks: one extra logit per head in the denominator (src[2]); None removes it."""
-    _alive("soft_max_add_sinks", a, sinks)
+    _alive("soft_max_add_sinks", a, sinks, names=("a", "sinks"))
     if sinks is None:
         a.src[2] = None
         return

@@ -44,6 +44,8 @@ _OP_RESHAPE = 36      # GGML_OP_RESHAPE
 _OP_VIEW = 37         # GGML_OP_VIEW
 _OP_PERMUTE = 38      # GGML_OP_PERMUTE
 _OP_TRANSPOSE = 39    # GGML_OP_TRANSPOSE
+_OP_NAMES = {_OP_NONE: "NONE", _OP_RESHAPE: "RESHAPE", _OP_VIEW: "VIEW", _OP_PERMUTE: "PERMUTE",
+             _OP_TRANSPOSE: "TRANSPOSE"}   # for repr: the ops chapter's Op enum names the others
 
 
 def _as_type(t, where):
@@ -95,7 +97,7 @@ class Tensor:
         return _host_view(self)
 
     def __repr__(self):
-        op = getattr(self.op, "name", self.op)
+        op = getattr(self.op, "name", None) or _OP_NAMES.get(self.op, self.op)
         return (f"Tensor(name={self.name!r}, type={type_name(self.type)}, ne={self.ne}, "
                 f"nb={self.nb}, op={op})")
 
@@ -149,7 +151,7 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
     if view_src is not None:
         _check_view(view_src, view_offs, data_size, Tensor(type, ne, nb) if nb is not None else None, where)
     alloc = data_size if view_src is None and not ctx.no_alloc else 0
-    offs = _new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc)   # raises before any change
+    offs = _new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, where=where)   # raises before any change
     t = Tensor(type, ne, nb if nb is not None else _fresh_strides(type, ne), ctx)
     t.view_src, t.view_offs = view_src, view_offs
     t._offs = offs                                   # where the descriptor sits in the pool

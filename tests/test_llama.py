@@ -422,3 +422,139 @@ def test_quantized_products_against_ggml(t):
     if t in ("Q4_1", "Q8_0"):
         assert _x86_q8_codes_differ(x), "the fixture no longer has a row that tells the two quantizers apart"
     assert max(errs) <= 5e-4
+
+
+# --- rough edges: a file cut short or misplaced data, the command line's refusals ---------------
+
+def test_a_truncated_file_says_where(tmp_path):
+    path = tmp_path / "cut.gguf"
+    raw = (DATA / "llama_q8_0.gguf").read_bytes()
+    path.write_bytes(raw[:-100])
+    last = gguf.GGUFReader(str(DATA / "llama_q8_0.gguf")).tensors[-1]
+    start, end = last.data_offset, last.data_offset + int(last.n_bytes)
+    assert end <= len(raw) and end > len(raw) - 100
+    assert load_error(path) == (f"llama: the file is truncated: tensor '{last.name}' needs bytes [{start}, {end}), "
+                                f"the file has {len(raw) - 100} (llama.cpp: data is not within the file bounds, "
+                                f"model is corrupted or incomplete)")
+
+
+def test_a_tensor_offset_off_the_alignment_is_refused(tmp_path):
+    path = tmp_path / "moved.gguf"
+    path.write_bytes((DATA / "llama_q8_0.gguf").read_bytes())
+    r = gguf.GGUFReader(str(path), "r+")
+    t = r.tensors[3]
+    name, offset = t.name, int(t.field.parts[5][0])
+    t.field.parts[5][0] += 4                      # the record's offset, 4 bytes on
+    r.data.flush()
+    del r, t
+    assert load_error(path) == (f"llama: tensor '{name}' has offset {offset + 4}, not a multiple of "
+                                f"general.alignment = 32 (gguf.cpp: each tensor's data starts where the previous "
+                                f"one's, padded to 32 bytes, ends)")
+
+
+def test_generate_until_end_of_text_or_a_full_context():
+    """-n -1 (n_predict < 0) and a context that fills up: generation stops, with llama.cpp's tokens so far."""
+    m = llama.load(DATA / "llama_f32.gguf", n_ctx=32, progress=False, n_threads=1)
+    tokens, greedy = META["models"]["f32"]["prompt_tokens"], META["models"]["f32"]["greedy"]
+    assert m.generate(tokens, -1) == greedy[:32 - len(tokens) + 1]     # the last token has no cell left
+    assert m.generate(tokens, 100) == greedy[:32 - len(tokens) + 1]
+
+
+def run_cli(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "ggml_lite.llama", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+Q8 = DATA / "llama_q8_0.gguf"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--layers-on", "a,b"], "error: llama: --layers-on a,b: expected comma-separated backend indices (integers into "
+                             "--device), e.g. 0,0,1,1"),
+    (["--device", "BLAS"], "error: llama: --device BLAS: the last device must be CPU (it runs what the others "
+                           "cannot): add CPU, e.g. --device BLAS CPU"),
+    (["--device", "CPU", "BLAS"], "put CPU last, e.g. --device BLAS CPU"),
+    (["-n", "abc"], "python -m ggml_lite.llama: error: argument -n/--n-predict: invalid int value: 'abc'"),
+    (["-c", "8", "-p", META["prompt"]], "error: llama: prompt is too long (20 tokens, max 8): raise -c/--ctx-size"),
+])
+def test_cli_refuses_bad_input_in_one_line(args, says):
+    out = run_cli(Q8, "--no-progress", *args)
+    assert out.returncode == 1 and out.stdout == ""               # nothing echoed
+    assert len(out.stderr.splitlines()) == 1 and says in out.stderr, out.stderr
+
+
+def test_cli_without_the_gguf_package():
+    code = ("import sys; sys.modules['gguf'] = None\n"            # import gguf fails, as if not installed
+            "from ggml_lite.llama.__main__ import _main\n"
+            f"sys.exit(_main([{str(Q8)!r}, '--no-progress']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "error: llama: reading GGUF files needs the gguf package: pip install gguf "
+        "(in a checkout of ggml_lite: pip install -e '.[llama]')"], out.stderr
+
+
+def test_cli_threads_0_is_every_core(monkeypatch):
+    """llama.cpp's -t: a value <= 0 means std::thread::hardware_concurrency()."""
+    import os
+
+    from ggml_lite.llama import __main__ as cli
+    seen = {}
+
+    def fake_load(*a, **kw):
+        seen.update(kw)
+        raise GGMLError("stop here")
+    monkeypatch.setattr(cli, "load", fake_load)
+    assert cli._main([str(Q8), "-t", "0"]) == 1
+    assert seen["n_threads"] == os.cpu_count()
+
+
+def test_cli_prints_the_prompt_before_computing(monkeypatch):
+    import io
+
+    from ggml_lite.llama import __main__ as cli
+
+    class Out(io.StringIO):
+        flushed = ""
+
+        def flush(self):
+            self.flushed = self.getvalue()
+    out, shown = Out(), []
+    real_eval = llama.LlamaModel.eval
+
+    def eval_(self, *a, **kw):
+        shown.append(out.flushed)
+        return real_eval(self, *a, **kw)
+    monkeypatch.setattr(llama.LlamaModel, "eval", eval_)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert cli._main([str(Q8), "-p", "Once upon", "-n", "2", "-c", "32", "-t", "1", "--no-progress"]) == 0
+    assert shown[0] == "Once upon"                               # flushed before the prompt's eval
+
+
+def test_cli_stops_when_the_context_is_full():
+    out = run_cli(Q8, "--no-progress", "-p", META["prompt"], "-n", "100", "-c", "24", "-t", "1")
+    assert out.returncode == 0, out.stderr
+    assert "llama: context full (n_ctx = 24: 20 prompt + 4 generated tokens cached, no context shift here) => " \
+           "stopping" in out.stderr
+    assert "eval time =" in out.stderr and "/     4 runs" in out.stderr
+    unlimited = run_cli(Q8, "--no-progress", "-p", META["prompt"], "-n", "-1", "-c", "24", "-t", "1")
+    assert unlimited.returncode == 0 and unlimited.stdout == out.stdout and "context full" in unlimited.stderr
+
+
+def test_cli_ctrl_c_prints_the_timings_so_far():
+    import os
+    import signal
+    proc = subprocess.Popen([sys.executable, "-m", "ggml_lite.llama", str(Q8), "--no-progress", "-p", "Once upon",
+                             "-n", "-1", "-c", "512", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        got = b""
+        while len(got) < len("Once upon"):                      # the prompt is flushed before any compute
+            got += os.read(proc.stdout.fileno(), 64)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "load time" in err and "prompt eval time" in err and err.splitlines()[-1] == "Interrupted by user"
+    assert (got + rest).decode("utf-8", "replace").startswith("Once upon")

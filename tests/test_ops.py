@@ -315,7 +315,7 @@ def test_tensor_chapter_bad_calls_from_ops_view():
     with pytest.raises(GGMLError) as e:
         exec(scenarios.BAD_CALLS["pool_exhausted"], scope)
     ggml_says = REF["bad_calls"]["pool_exhausted"]["stderr"][0]       # the same needed/available bytes
-    assert ggml_says.split("ggml_new_object: ")[1] == str(e.value)
+    assert "new_tensor_1d: " + ggml_says.split("ggml_new_object: ")[1] == str(e.value)   # the call, not ggml_new_object
 
 
 @pytest.mark.parametrize("make,text", [
@@ -528,3 +528,20 @@ def test_swiglu_oai_computes_ggmls_formula():
     got = out.numpy()
     assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-12
     ggml.free(ctx)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda ctx, t, x: ggml.add(ctx, x, t), "add: argument a"),
+    (lambda ctx, t, x: ggml.add(ctx, t, x), "add: argument b"),
+    (lambda ctx, t, x: ggml.mul_mat(ctx, t, x), "mul_mat: argument b"),
+    (lambda ctx, t, x: ggml.get_rows(ctx, t, x), "get_rows: argument b"),
+    (lambda ctx, t, x: ggml.soft_max_ext(ctx, t, x, 1.0, 0.0), "soft_max_ext: argument mask"),
+    (lambda ctx, t, x: ggml.silu(ctx, x), "silu: argument a"),
+])
+def test_a_numpy_array_where_a_tensor_belongs_is_named(call, name):
+    ctx = ggml.init(1 << 16)
+    t = ggml.new_tensor_2d(ctx, F32, 4, 3)
+    used = ggml.used_mem(ctx)
+    with pytest.raises(GGMLError, match=f"^{name} is a numpy.ndarray, not a ggml tensor"):
+        call(ctx, t, np.zeros((3, 4), np.float32))
+    assert ggml.used_mem(ctx) == used                      # nothing half-built

@@ -656,3 +656,78 @@ def test_the_command_line_warns_off_loopback():
     quiet = subprocess.run([sys.executable, "-m", "ggml_lite.backends.rpc", "--port", "0", "--lifetime", "0.2"],
                            capture_output=True, text=True, timeout=120)
     assert quiet.returncode == 0 and "WARNING" not in quiet.stderr
+
+
+def test_copy_tensor_into_a_smaller_destination_is_refused(server):
+    """ggml 0.15.3's server checks only that the copy ends inside dst's buffer, so a 64-byte source
+    copied onto a 32-byte destination would overwrite the 32 bytes after it; ggml_backend_tensor_copy
+    asserts the same layout. The server refuses the copy (and ends that connection), and still does
+    a copy of equal sizes."""
+    gc.collect()
+    s = connect(server.port, timeout=10)
+    hello(s)
+    handle, base = alloc(s)
+    src = tensor_rec(handle, base, ne=(16, 1, 1, 1), nb=(4, 64, 64, 64), id=1, name=b"big")
+    dst = tensor_rec(handle, base + 256, id=2, name=b"small")
+    s.sendall(request(C.COPY_TENSOR, src.pack() + dst.pack()))
+    assert closed_by_peer(s)
+    s.close()
+    assert server.alive()
+    assert ("copy_tensor: source 'big' has 64 bytes, destination 'small' has 32: cannot copy tensors with "
+            "different layouts") in server.log()
+    s = connect(server.port, timeout=10)
+    hello(s)
+    handle, base = alloc(s)
+    same = tensor_rec(handle, base + 512, ne=(16, 1, 1, 1), nb=(4, 64, 64, 64), id=2, name=b"same")
+    s.sendall(request(C.COPY_TENSOR, tensor_rec(handle, base, ne=(16, 1, 1, 1), nb=(4, 64, 64, 64)).pack() + same.pack()))
+    assert response(s) == b"\x01"
+    s.close()
+
+
+def _rpc_cli(*args, timeout=120):
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "ggml_lite.backends.rpc", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-p", "99999"], "error: --port 99999 is out of range: a TCP port is 1..65535 (0: any free port)"),
+    (["-p", "-1"], "error: --port -1 is out of range"),
+    (["-t", "0"], "error: invalid number of threads: 0"),
+    (["-p", "abc"], "error: argument -p/--port: invalid int value: 'abc'"),
+])
+def test_the_command_line_refuses_bad_arguments_in_one_line(args, says):
+    out = _rpc_cli(*args, "--lifetime", "0.1")
+    assert out.returncode == 1 and out.stdout == ""
+    assert len(out.stderr.splitlines()) == 1 and says in out.stderr, out.stderr
+
+
+def test_the_command_line_on_a_port_in_use():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        out = _rpc_cli("-p", str(port), "--lifetime", "5")
+    finally:
+        taken.close()
+    assert out.returncode == 1, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"error: Failed to create server socket at 127.0.0.1:{port}: ") and "in use" in line
+
+
+def test_ctrl_c_stops_the_server_cleanly():
+    import signal
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-m", "ggml_lite.backends.rpc", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if "transport" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and err.splitlines() == ["Interrupted by user"], err

@@ -107,7 +107,8 @@ def test_pool_exhausted_message_and_context_usable():
     with pytest.raises(GGMLError) as e:
         ggml.new_tensor_1d(ctx, F32, 100)
     # ggml: "ggml_new_object: not enough space in the context's memory pool (needed 1536, available 1008)"
-    assert str(e.value) == "not enough space in the context's memory pool (needed 1536, available 1008)"
+    # ggml_lite names the call that ran out instead of ggml_new_object
+    assert str(e.value) == "new_tensor_1d: not enough space in the context's memory pool (needed 1536, available 1008)"
     assert ggml.used_mem(ctx) == 768 and len(list(ctx)) == 1      # nothing half-built
     ctx = ggml.init(1200)
     ggml.new_tensor_1d(ctx, F32, 100)
@@ -668,3 +669,23 @@ def test_init_refuses_a_pool_it_would_have_to_copy():
         ggml.init(16, mem_buffer=bytes(16))
     with pytest.raises(GGMLError, match="init: mem_buffer must be a writable, C-contiguous array"):
         ggml.init(16, mem_buffer=np.zeros((8, 8), np.uint8)[:, ::2])
+
+
+def test_pool_exhausted_names_the_call_that_ran_out():
+    ctx = ggml.init(1000)
+    with pytest.raises(GGMLError, match=r"^new_tensor_2d: not enough space in the context's memory pool "
+                                        r"\(needed 5168, available 1008\)$"):
+        ggml.new_tensor_2d(ctx, F32, 40, 30)
+    with pytest.raises(GGMLError, match=r"^new_graph_custom: not enough space in the context's memory pool"):
+        ggml.new_graph(ctx)
+
+
+def test_repr_names_the_op():
+    ctx = ggml.init(1 << 16)
+    a = ggml.new_tensor_2d(ctx, F32, 4, 3)
+    assert repr(a) == "Tensor(name='', type=f32, ne=[4, 3, 1, 1], nb=[4, 16, 48, 48], op=NONE)"
+    assert repr(ggml.view_1d(ctx, a, 4, 0)).endswith(", op=VIEW)")
+    assert repr(ggml.reshape_2d(ctx, a, 6, 2)).endswith(", op=RESHAPE)")
+    assert repr(ggml.permute(ctx, a, 1, 0, 2, 3)).endswith(", op=PERMUTE)")
+    assert repr(ggml.transpose(ctx, a)).endswith(", op=TRANSPOSE)")
+    assert repr(ggml.mul_mat(ctx, a, a)).endswith(", op=MUL_MAT)")

@@ -348,8 +348,9 @@ class LlamaModel:
 
     def generate(self, tokens, n_predict, temperature=0.0, top_k=40, top_p=0.95, seed=0,
                  on_token=None, stop_at_eos=True):
-        """Up to n_predict tokens after the prompt tokens (greedy when temperature <= 0); on_token(t)
-        is called as each one is chosen. Returns the new tokens."""
+        """Up to n_predict tokens after the prompt tokens (n_predict < 0: until end of text or a full
+        context; greedy when temperature <= 0); on_token(t) is called as each one is chosen. Returns the
+        new tokens."""
         return _generate(self, list(tokens), n_predict, temperature, top_k, top_p, seed, on_token, stop_at_eos)
 
     def free(self):
@@ -382,18 +383,20 @@ def _check_batch(m, tokens, n_past):
 
 
 def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, stop_at_eos):
+    """n_predict < 0: until end of text (llama.cpp's -n -1). A full context ends it too: the last token
+    chosen is returned but has no cell left (llama.cpp without context shift stops the same way)."""
     rng, out, t = np.random.default_rng(seed), [], m.timings
     t0 = time.perf_counter()
     logits = m.eval(tokens, 0, logits_all=False)[-1]
     t["t_p_eval_ms"] += 1e3 * (time.perf_counter() - t0)
     t["n_p_eval"] += len(tokens)
     t["splits_prompt"] = m.n_splits
-    for i in range(n_predict):
+    while n_predict < 0 or len(out) < n_predict:
         tok = sample_token(logits, temperature, top_k, top_p, rng)
         out.append(tok)
         if on_token is not None:
             on_token(tok)
-        if (stop_at_eos and tok == m.eos) or i == n_predict - 1:
+        if (stop_at_eos and tok == m.eos) or len(out) == n_predict or len(tokens) + len(out) > m.n_ctx:
             break
         t0 = time.perf_counter()
         logits = m.eval([tok], len(tokens) + len(out) - 1, logits_all=False)[-1]

@@ -5,6 +5,7 @@ __all__ = []
 
 # %% book/12_llama.ipynb #llama-cli-backends
 import codecs
+import os
 import sys
 
 from ggml_lite.backend import backend_init_by_name, backend_load_all
@@ -48,11 +49,17 @@ def _print_timings(m, file):
 # %% book/12_llama.ipynb #llama-cli-main
 def _parse_args(argv):
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m ggml_lite.llama", description="Generate text with a llama GGUF model.")
+
+    class OneLine(argparse.ArgumentParser):
+        def error(self, message):          # one line and status 1, as every other refusal of this command
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+            sys.exit(1)
+    ap = OneLine(prog="python -m ggml_lite.llama", description="Generate text with a llama GGUF model.")
     ap.add_argument("model", help="a llama GGUF file")
     ap.add_argument("-p", "--prompt", default="", help="the prompt")
-    ap.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    ap.add_argument("-n", "--n-predict", type=int, default=32,
+                    help="tokens to generate (-1: until end of text or a full context)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (<= 0: every core, as llama.cpp)")
     ap.add_argument("-c", "--ctx-size", type=int, default=512, help="context size (KV cache cells)")
     ap.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per graph")
     ap.add_argument("--device", nargs="+", default=["CPU"], help="backends: CPU, BLAS, CUDA0, RPC:host:port")
@@ -65,27 +72,59 @@ def _parse_args(argv):
     return ap.parse_args(argv)
 
 
-def _main(argv=None):
-    args = _parse_args(argv)
+def _check_args(args):
+    """What the command line can refuse before anything is loaded; layers_on as integers."""
+    if args.device[-1].upper() != "CPU":       # ggml_backend_sched_new: the last backend is the CPU
+        fix = " ".join([d for d in args.device if d.upper() != "CPU"] + ["CPU"])
+        what = "put CPU last" if "CPU" in [d.upper() for d in args.device] else "add CPU"
+        raise GGMLError(f"llama: --device {' '.join(args.device)}: the last device must be CPU (it runs what the "
+                        f"others cannot): {what}, e.g. --device {fix}")
     try:
-        backends = [_init_backend(d) for d in args.device]
-        layers_on = None if args.layers_on is None else [int(x) for x in args.layers_on.split(",")]
-        m = load(args.model, n_ctx=args.ctx_size, backends=backends, n_threads=args.threads, layers_on=layers_on,
-                 n_batch=args.batch_size, progress=not args.no_progress)
-        tokens = m.tokenize(args.prompt, parse_special=True)     # as llama-cli: "<s>" in a prompt is BOS
-        sys.stdout.write(args.prompt)
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")   # a character may span byte tokens
+        return None if args.layers_on is None else [int(x) for x in args.layers_on.split(",")]
+    except ValueError:
+        raise GGMLError(f"llama: --layers-on {args.layers_on}: expected comma-separated backend indices "
+                        f"(integers into --device), e.g. 0,0,1,1") from None
 
-        def show(tok):
-            sys.stdout.write(decoder.decode(m.vocab.token_to_piece(tok)))
-            sys.stdout.flush()
-        m.generate(tokens, args.n_predict, args.temp, args.top_k, args.top_p, args.seed, on_token=show)
-        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+
+def _run(args, state):
+    layers_on = _check_args(args)
+    backends = [_init_backend(d) for d in args.device]
+    n_threads = args.threads if args.threads is None or args.threads > 0 else os.cpu_count()   # llama.cpp's -t 0
+    m = state["model"] = load(args.model, n_ctx=args.ctx_size, backends=backends, n_threads=n_threads,
+                              layers_on=layers_on, n_batch=args.batch_size, progress=not args.no_progress)
+    tokens = m.tokenize(args.prompt, parse_special=True)         # as llama-cli: "<s>" in a prompt is BOS
+    if len(tokens) > m.n_ctx:
+        raise GGMLError(f"llama: prompt is too long ({len(tokens)} tokens, max {m.n_ctx}): raise -c/--ctx-size")
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()                                           # shown before the first token is computed
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")   # a character may span byte tokens
+
+    def show(tok):
+        sys.stdout.write(decoder.decode(m.vocab.token_to_piece(tok)))
         sys.stdout.flush()
+    out = m.generate(tokens, args.n_predict, args.temp, args.top_k, args.top_p, args.seed, on_token=show)
+    sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+    sys.stdout.flush()
+    if (args.n_predict < 0 or len(out) < args.n_predict) and out[-1:] != [m.eos]:
+        print(f"llama: context full (n_ctx = {m.n_ctx}: {len(tokens)} prompt + {len(out) - 1} generated tokens "
+              f"cached, no context shift here) => stopping", file=sys.stderr)
+
+
+def _main(argv=None):
+    args, state = _parse_args(argv), {"model": None}
+    try:
+        _run(args, state)
     except GGMLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    _print_timings(m, sys.stderr)
+    except KeyboardInterrupt:                  # Ctrl-C: as llama-cli, the timings so far, then status 130
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if state["model"] is not None:
+            _print_timings(state["model"], sys.stderr)
+        print("Interrupted by user", file=sys.stderr)
+        return 130
+    _print_timings(state["model"], sys.stderr)
     return 0
 
 

@@ -4,6 +4,7 @@
 __all__ = ['LlamaHParams']
 
 # %% book/12_llama.ipynb #llama-file-imports
+import functools
 import math
 from dataclasses import dataclass
 
@@ -131,11 +132,50 @@ def llama_read_hparams(reader):
 
 # %% book/12_llama.ipynb #llama-open
 def llama_open(path):
-    import gguf
+    """The file's GGUFReader, each tensor's data checked to lie where gguf.cpp wants it and inside the file."""
     try:
-        return gguf.GGUFReader(str(path), "r")
+        import gguf
+    except ImportError:
+        raise GGMLError("llama: reading GGUF files needs the gguf package: pip install gguf "
+                        "(in a checkout of ggml_lite: pip install -e '.[llama]')") from None
+    try:
+        return _checked_reader(gguf)(str(path), "r")
     except (ValueError, OSError, IndexError, KeyError) as e:
         raise GGMLError(f"llama: {path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
+
+
+@functools.cache
+def _checked_reader(gguf):
+    """GGUFReader, checking the tensors' places before it maps them: on a file cut short it would fail
+    in numpy ("cannot reshape array of size ..."), and it maps a misplaced tensor without a word."""
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            _check_data_layout(gguf, self, start_offs, fields)
+            super()._build_tensors(start_offs, fields)
+    return CheckedReader
+
+
+def _check_data_layout(gguf, reader, data_start, fields):
+    """gguf.cpp: the tensors' data follow each other in the order of their records, each padded to
+    general.alignment. llama.cpp's loader: each inside the file ("data is not within the file bounds")."""
+    align, size, expected = int(reader.alignment), len(reader.data), 0
+    for f in fields:
+        _, name, _, dims, type_id, offset = f.parts
+        name, offset = bytes(name).decode("utf-8", "replace"), int(offset[0])
+        try:
+            bs, ts = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(type_id[0]))]
+        except (ValueError, KeyError):
+            return                                  # an unknown type: GGUFReader says which
+        if offset != expected:
+            why = f"not a multiple of general.alignment = {align}" if offset % align else f"expected {expected}"
+            raise GGMLError(f"llama: tensor '{name}' has offset {offset}, {why} (gguf.cpp: each tensor's data "
+                            f"starts where the previous one's, padded to {align} bytes, ends)")
+        n = int(np.prod([int(d) for d in dims], dtype=np.int64)) // bs * ts
+        if data_start + offset + n > size:
+            raise GGMLError(f"llama: the file is truncated: tensor '{name}' needs bytes [{data_start + offset}, "
+                            f"{data_start + offset + n}), the file has {size} (llama.cpp: data is not within the "
+                            f"file bounds, model is corrupted or incomplete)")
+        expected = offset + -(-n // align) * align
 
 # %% book/12_llama.ipynb #llama-tensors
 LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K}

@@ -244,6 +244,10 @@ class _ServerReads(_ServerCommands):
         src = self.tensor(ctx, RpcTensor.unpack(raw, 0), "copy_tensor", need_buffer=True)
         dst = self.tensor(ctx, RpcTensor.unpack(raw, RPC_TENSOR_SIZE), "copy_tensor", need_buffer=True)
         n, end = nbytes(src), backend_buffer_get_base(dst.buffer) + dst.buffer.size
+        if n != nbytes(dst):       # ggml_backend_tensor_copy asserts ggml_are_same_layout; the buffer-end
+            raise Refused(          # check alone (ggml 0.15.3's) lets a larger src overwrite dst's neighbours
+                f"copy_tensor: source '{src.name}' has {n} bytes, destination '{dst.name}' has {nbytes(dst)}: "
+                f"cannot copy tensors with different layouts")
         if dst.data + n > end:
             raise Refused(f"copy_tensor: out-of-bounds write: [0x{dst.data:x}, 0x{dst.data + n:x}] "
                            f"past the buffer's end 0x{end:x}")
@@ -474,9 +478,17 @@ def backend_rpc_start_server(endpoint, cache_dir, n_threads, n_devices, devices,
         listener.close()
 
 # %% book/10_rpc.ipynb #rpc-main
+class _OneLineErrors(argparse.ArgumentParser):
+    """A bad argument is one line on stderr and exit status 1 (argparse: the usage too, and 2)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
 def rpc_server_main(argv=None):
     """`python -m ggml_lite.backends.rpc`: rpc-server's command line (llama.cpp tools/rpc)."""
-    p = argparse.ArgumentParser(prog="python -m ggml_lite.backends.rpc", description="ggml-rpc server")
+    p = _OneLineErrors(prog="python -m ggml_lite.backends.rpc", description="ggml-rpc server")
     p.add_argument("-H", "--host", default="127.0.0.1", help="host to bind to (default: 127.0.0.1)")
     p.add_argument("-p", "--port", type=int, default=50052, help="port to bind to (default: 50052; 0: any free)")
     p.add_argument("-t", "--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
@@ -484,8 +496,11 @@ def rpc_server_main(argv=None):
     p.add_argument("-c", "--cache", default=None, metavar="DIR", help="enable the file cache in DIR")
     p.add_argument("--lifetime", type=float, default=None, help="stop after this many seconds")
     a = p.parse_args(argv)
-    if a.threads <= 0 or not 0 <= a.port <= 65535:
-        print("Invalid parameters", file=sys.stderr)
+    if a.threads <= 0:
+        print(f"error: invalid number of threads: {a.threads}", file=sys.stderr)    # rpc-server's words
+        return 1
+    if not 0 <= a.port <= 65535:
+        print(f"error: --port {a.port} is out of range: a TCP port is 1..65535 (0: any free port)", file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     backend_load_all()
@@ -500,5 +515,12 @@ def rpc_server_main(argv=None):
                    or [d for d in every if d.get_type() == BackendDevType.CPU])
     if a.cache:
         os.makedirs(a.cache, exist_ok=True)
-    backend_rpc_start_server(f"{a.host}:{a.port}", a.cache, a.threads, len(devices), devices, lifetime=a.lifetime)
+    try:
+        backend_rpc_start_server(f"{a.host}:{a.port}", a.cache, a.threads, len(devices), devices, lifetime=a.lifetime)
+    except GGMLError as e:                  # e.g. the port is taken
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:               # Ctrl-C: the client's buffers and the socket are already released
+        print("Interrupted by user", file=sys.stderr, flush=True)
+        return 130
     return 0

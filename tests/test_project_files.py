@@ -1,0 +1,58 @@
+"""The project's own files: `make lab` (JupyterLab refuses to start as root without --allow-root;
+LAB_ARGS adds flags), the README's command line for a model, .gitignore."""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lab_command(*make_args):
+    """The jupyter lab line `make lab` would run (make -n: printed, nothing executed)."""
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), "lab", *make_args], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, MAKEFLAGS=""))
+    assert out.returncode == 0, out.stderr
+    (line,) = [ln for ln in out.stdout.splitlines() if "jupyter lab" in ln]
+    return line.split()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_make_lab_allows_root_only_as_root_and_takes_lab_args():
+    words = lab_command()
+    assert ("--allow-root" in words) == (os.geteuid() == 0)
+    words = lab_command("LAB_ARGS=--no-browser --port=8899")
+    assert words[-2:] == ["--no-browser", "--port=8899"]
+
+
+def cli_flags():
+    """The option strings of `python -m ggml_lite.llama`'s parser."""
+    import argparse
+    from unittest import mock
+
+    from ggml_lite.llama import __main__ as cli
+    seen, real = set(), argparse.ArgumentParser.parse_args
+
+    def spy(self, *a, **kw):
+        seen.update(s for act in self._actions for s in act.option_strings)
+        return real(self, *a, **kw)
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", spy):
+        cli._parse_args(["m.gguf"])
+    return seen
+
+
+def test_the_readmes_model_flags_are_the_command_lines():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Running a model", 1)[1].split("\n## ", 1)[0]
+    flags = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", section)) - {"-e", "-m"}   # pip's and python's
+    assert len(flags) > 10 and flags <= cli_flags(), flags - cli_flags()
+    assert "pip install -e '.[llama]'" in section
+    assert "\nllama = [" in (ROOT / "pyproject.toml").read_text()      # the extra it names exists
+
+
+def test_gitignore_covers_build():
+    out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "build/lib/x.py"], timeout=60)
+    assert out.returncode == 0
