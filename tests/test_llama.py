@@ -438,6 +438,21 @@ def test_a_truncated_file_says_where(tmp_path):
                                 f"model is corrupted or incomplete)")
 
 
+@pytest.mark.parametrize("keep", [10, 100, 3000])
+def test_a_file_cut_inside_its_header_says_so(tmp_path, keep):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes((DATA / "llama_q8_0.gguf").read_bytes()[:keep])
+    msg = load_error(path)
+    assert msg.startswith(f"llama: {path} is truncated or corrupt inside its header: the reader ran out of "
+                          f"bytes at the file's end ({keep} bytes)"), msg
+
+
+def test_a_file_that_is_not_gguf_names_its_magic(tmp_path):
+    path = tmp_path / "other.bin"
+    path.write_bytes(b"GGML" + (DATA / "llama_q8_0.gguf").read_bytes()[4:])
+    assert load_error(path) == f"llama: {path} is not a GGUF file: it starts with b'GGML', not b'GGUF'"
+
+
 def test_a_tensor_offset_off_the_alignment_is_refused(tmp_path):
     path = tmp_path / "moved.gguf"
     path.write_bytes((DATA / "llama_q8_0.gguf").read_bytes())

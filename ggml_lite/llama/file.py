@@ -140,7 +140,15 @@ def llama_open(path):
                         "(in a checkout of ggml_lite: pip install -e '.[llama]')") from None
     try:
         return _checked_reader(gguf)(str(path), "r")
-    except (ValueError, OSError, IndexError, KeyError) as e:
+    except (ValueError, IndexError) as e:
+        with open(path, "rb") as f:
+            magic, size = f.read(4), f.seek(0, 2)
+        if magic == b"GGUF":       # the reader ran past the end of the key-value pairs or tensor records
+            raise GGMLError(f"llama: {path} is truncated or corrupt inside its header: the reader ran out of "
+                            f"bytes at the file's end ({size} bytes) while reading the key-value pairs or "
+                            f"the tensor records ({type(e).__name__}: {e})") from None
+        raise GGMLError(f"llama: {path} is not a GGUF file: it starts with {magic!r}, not b'GGUF'") from None
+    except (OSError, KeyError) as e:
         raise GGMLError(f"llama: {path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
 
 
