@@ -21,8 +21,24 @@ def run(path: Path) -> None:
     client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = merged_streams(cell.outputs)
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
+
+
+def merged_streams(outputs: list) -> list:
+    """Consecutive stdout (or stderr) outputs as one: how a cell's prints arrive in pieces depends
+    on the machine's timing, and the stored notebook should not."""
+    merged = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1]["name"] == out["name"]):
+            merged[-1]["text"] += out["text"]
+        else:
+            merged.append(out)
+    return merged
 
 
 def missing_hardware(path: Path) -> str:
