@@ -6,6 +6,7 @@ __all__ = ['LlamaHParams']
 # %% book/12_llama.ipynb #llama-file-imports
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,16 +139,14 @@ def llama_open(path):
     except ImportError:
         raise GGMLError("llama: reading GGUF files needs the gguf package: pip install gguf "
                         "(in a checkout of ggml_lite: pip install -e '.[llama]')") from None
+    _check_magic_and_version(path)
     try:
         return _checked_reader(gguf)(str(path), "r")
-    except (ValueError, IndexError) as e:
-        with open(path, "rb") as f:
-            magic, size = f.read(4), f.seek(0, 2)
-        if magic == b"GGUF":       # the reader ran past the end of the key-value pairs or tensor records
-            raise GGMLError(f"llama: {path} is truncated or corrupt inside its header: the reader ran out of "
-                            f"bytes at the file's end ({size} bytes) while reading the key-value pairs or "
-                            f"the tensor records ({type(e).__name__}: {e})") from None
-        raise GGMLError(f"llama: {path} is not a GGUF file: it starts with {magic!r}, not b'GGUF'") from None
+    except (ValueError, IndexError) as e:     # the reader ran past the end, or read nonsense counts
+        size = os.path.getsize(path)
+        raise GGMLError(f"llama: {path} is truncated or corrupt inside its header ({size} bytes in all): "
+                        f"reading the key-value pairs or the tensor records failed "
+                        f"({type(e).__name__}: {e})") from None
     except (OSError, KeyError) as e:
         raise GGMLError(f"llama: {path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
 
@@ -184,6 +183,21 @@ def _check_data_layout(gguf, reader, data_start, fields):
                             f"{data_start + offset + n}), the file has {size} (llama.cpp: data is not within the "
                             f"file bounds, model is corrupted or incomplete)")
         expected = offset + -(-n // align) * align
+
+
+def _check_magic_and_version(path):
+    """gguf.cpp's first checks: the magic, then a version it reads (2 or 3; 1 is no longer supported)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] != b"GGUF":
+        raise GGMLError(f"llama: {path} is not a GGUF file: it starts with {head[:4]!r}, not b'GGUF'")
+    if len(head) < 8:
+        raise GGMLError(f"llama: {path} is truncated: {len(head)} bytes, not even a GGUF header")
+    version = int.from_bytes(head[4:], "little")
+    if version not in (2, 3):
+        raise GGMLError(f"llama: {path}: this GGUF file is version {version}, and only versions 2 and 3 "
+                        f"can be read" + (" (is there a mismatch between the host and the model's byte order?)"
+                                          if version & 0xFFFF == 0 else ""))
 
 # %% book/12_llama.ipynb #llama-tensors
 LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K}
