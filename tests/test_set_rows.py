@@ -156,3 +156,42 @@ def test_graph_writes_cells(python_loop):
     with pytest.raises(GGMLError, match="out of range"):
         ggml.graph_compute(gf, ggml.graph_plan(gf, 2))
     ggml.free(ctx)
+
+
+def test_set_rows_through_rpc():
+    """A ggml_lite RPC server computes SET_ROWS (op id 42 on the wire, 0.15.3's), and an index
+    outside the destination is refused by its kernel before any row is written."""
+    from rpc_helpers import LiteServer
+    server = LiteServer(lifetime=120)
+    try:
+        backend = ggml.backend_rpc_init(server.endpoint, 0)
+        ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+        cache = ggml.new_tensor_2d(ctx, Type.F16, 8, 16)
+        rows = ggml.new_tensor_2d(ctx, F32, 8, 2)
+        idx = ggml.new_tensor_1d(ctx, I64, 2)
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, ggml.set_rows(ctx, cache, rows, idx))
+        buf = ggml.backend_alloc_ctx_tensors(ctx, backend)
+        ggml.backend_tensor_set(cache, np.zeros((16, 8), np.float16))
+        ggml.backend_tensor_set(rows, np.arange(16, dtype=np.float32))
+        ggml.backend_tensor_set(idx, np.array([5, 2], np.int64))
+        assert ggml.backend_graph_compute(backend, gf) == ggml.Status.SUCCESS
+        got = ggml.backend_tensor_get(cache).view(np.float16).reshape(16, 8).astype(np.float32)
+        assert np.array_equal(got[[5, 2]], np.arange(16, dtype=np.float32).reshape(2, 8))
+        assert np.count_nonzero(got.any(axis=1)) == 2
+        ggml.backend_tensor_set(idx, np.array([3, 16], np.int64))
+        try:                  # GRAPH_COMPUTE has no reply: the server's refusal shows at the next request
+            ggml.backend_graph_compute(backend, gf)
+            ggml.backend_tensor_get(cache)
+            raised = False
+        except GGMLError:
+            raised = True
+        import time
+        for _ in range(50):
+            if "out of range [0, 16)" in server.log():
+                break
+            time.sleep(0.1)
+        assert "set_rows: row index 16 at src1[1, 0, 0] is out of range [0, 16)" in server.log(), server.log()
+        assert raised and server.alive()                                # the connection closed, not the server
+    finally:
+        server.stop()
