@@ -438,9 +438,11 @@ def _count(monkeypatch, module, name, counts, key):
 def _counted_decode(monkeypatch, m, tokens, n_steps):
     """Counts of graph builds, scheduler splits and graph allocations over n_steps decode steps
     after the prompt tokens, and their logits."""
+    import ggml_lite.backends.cpu.backend as cpu_backend_module
     import ggml_lite.sched as sched_module
-    counts = dict(build=0, split=0, alloc=0)
+    counts = dict(build=0, split=0, alloc=0, plan=0)
     _count(monkeypatch, llama, "build_graph", counts, "build")
+    _count(monkeypatch, cpu_backend_module, "graph_plan", counts, "plan")
     _count(monkeypatch, sched_module, "backend_sched_split_graph", counts, "split")
     _count(monkeypatch, sched_module, "gallocr_alloc_graph", counts, "alloc")
     rows = [m.eval(tokens, logits_all=False)]
@@ -455,7 +457,7 @@ def test_decode_reuses_one_graph(monkeypatch):
     m = llama.load(DATA / "llama_q8_0.gguf", n_ctx=256, n_threads=1, progress=False)
     tokens = META["models"]["q8_0"]["prompt_tokens"]
     counts, _ = _counted_decode(monkeypatch, m, tokens, 40)
-    assert counts == dict(build=2, split=2, alloc=2), counts        # the prompt's graph, then one for decoding
+    assert counts == dict(build=2, split=2, alloc=2, plan=2), counts  # the prompt's graph, then one for decoding
     assert m.timings["n_reused"] == 39 and m.timings["n_graph_builds"] == 2
     assert m.last_graph.n_kv == 256 and m.last_graph.kq_mask.ne[:2] == [256, 1]
 
@@ -471,7 +473,7 @@ def test_reuse_disabled_gives_the_same_logits(monkeypatch):
     m2 = llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False)
     assert not m2.graph_reuse
     counts, rebuilt = _counted_decode(monkeypatch, m2, tokens, 6)
-    assert counts == dict(build=7, split=7, alloc=7) and m2.timings["n_reused"] == 0
+    assert counts == dict(build=7, split=7, alloc=7, plan=7) and m2.timings["n_reused"] == 0
     assert np.array_equal(reused, rebuilt)
     monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "0")                     # atoi(...) != 0, as llama.cpp
     assert llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False).graph_reuse
