@@ -298,7 +298,8 @@ def backend_sched_split_graph(sched, graph):
 
     Like ggml, it rewrites graph's node.src to the copies: a graph is split once. Splitting it
     again (reserve, then alloc or compute of the same graph) raises GGMLError here; ggml
-    computes from stale copies instead. Build a fresh graph, as llama.cpp does per batch."""
+    computes from stale copies instead. Build a new graph for a new split, as llama.cpp does
+    when a batch changes the graph's shapes (a split graph is computed again without a new split)."""
     _check_not_split_before(sched, graph)
     sched.splits, sched.graph_inputs = [], []
     sched.is_reset = False

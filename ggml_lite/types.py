@@ -28,6 +28,7 @@ class Type(enum.IntEnum):
     I8 = 24
     I16 = 25
     I32 = 26
+    I64 = 27
     BF16 = 30
 
 
@@ -45,6 +46,7 @@ _LAYOUT = {
     Type.I8: ("i8", 1, 1, False),
     Type.I16: ("i16", 1, 2, False),
     Type.I32: ("i32", 1, 4, False),
+    Type.I64: ("i64", 1, 8, False),
     Type.BF16: ("bf16", 1, 2, False),
 }
 

@@ -289,7 +289,7 @@ def test_node_order_keeps_qkv_together():
     """llama.cpp expands Q, V, K into the graph before anything that reads them, then the cache
     writes, then attention: the three projections are neighbours in node order."""
     m = model("f32")
-    g = llama.build_graph(m, 3, 0, 32, 3)
+    g = llama.build_graph(m, 3, 32, 3)
     names = [n.name for n in g.gf.nodes]
     q, v, k = names.index("Qcur-0"), names.index("Vcur-0"), names.index("Kcur-0")
     assert q < v < k < names.index("k_store-0") < names.index("v_store-0") < names.index("kq-0")
@@ -387,7 +387,7 @@ def test_cuda_takes_every_node_of_the_graph():
     for name in ("f32", "f16", "q8_0", "q4_0", "q4_1"):
         m = model(name)
         for n_tokens in (1, 40):
-            g = llama.build_graph(m, n_tokens, 0, 64, n_tokens)
+            g = llama.build_graph(m, n_tokens, 64, n_tokens)
             refused = [n.name for n in g.gf.nodes if not ggml.backends.cuda.backend.cuda_supports_op(n)]
             assert refused == [], (name, n_tokens, refused)
 
@@ -575,3 +575,71 @@ def test_cli_ctrl_c_prints_the_timings_so_far():
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert "load time" in err and "prompt eval time" in err and err.splitlines()[-1] == "Interrupted by user"
     assert (got + rest).decode("utf-8", "replace").startswith("Once upon")
+
+
+# --- one graph for every token (llama.cpp's graph reuse) ----------------------------------------
+
+def _count(monkeypatch, module, name, counts, key):
+    real = getattr(module, name)
+
+    def counted(*a, **kw):
+        counts[key] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(module, name, counted)
+
+
+def _counted_decode(monkeypatch, m, tokens, n_steps):
+    """Counts of graph builds, scheduler splits and graph allocations over n_steps decode steps
+    after the prompt tokens, and their logits."""
+    import ggml_lite.backends.cpu.backend as cpu_backend_module
+    import ggml_lite.sched as sched_module
+    counts = dict(build=0, split=0, alloc=0, plan=0)
+    _count(monkeypatch, llama, "build_graph", counts, "build")
+    _count(monkeypatch, cpu_backend_module, "graph_plan", counts, "plan")
+    _count(monkeypatch, sched_module, "backend_sched_split_graph", counts, "split")
+    _count(monkeypatch, sched_module, "gallocr_alloc_graph", counts, "alloc")
+    rows = [m.eval(tokens, logits_all=False)]
+    for step in range(n_steps):
+        rows.append(m.eval([(7 * step + 3) % m.hparams.n_vocab], n_past=len(tokens) + step))
+    return counts, np.concatenate(rows)
+
+
+def test_decode_reuses_one_graph(monkeypatch):
+    """40 decode steps inside one window of 256 cells: the first step builds, splits and allocates
+    the decode graph (the prompt had its own), the other 39 only set inputs and compute."""
+    m = llama.load(DATA / "llama_q8_0.gguf", n_ctx=256, n_threads=1, progress=False)
+    tokens = META["models"]["q8_0"]["prompt_tokens"]
+    counts, _ = _counted_decode(monkeypatch, m, tokens, 40)
+    assert counts == dict(build=2, split=2, alloc=2, plan=2), counts  # the prompt's graph, then one for decoding
+    assert m.timings["n_reused"] == 39 and m.timings["n_graph_builds"] == 2
+    assert m.last_graph.n_kv == 256 and m.last_graph.kq_mask.ne[:2] == [256, 1]
+
+
+def test_reuse_disabled_gives_the_same_logits(monkeypatch):
+    """LLAMA_GRAPH_REUSE_DISABLE=1: a graph built, split and allocated for every ubatch, and the
+    same logits, bit for bit."""
+    tokens = META["models"]["q4_0"]["prompt_tokens"]
+    m = llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False)
+    _, reused = _counted_decode(monkeypatch, m, tokens, 6)
+    monkeypatch.undo()
+    monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "1")
+    m2 = llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False)
+    assert not m2.graph_reuse
+    counts, rebuilt = _counted_decode(monkeypatch, m2, tokens, 6)
+    assert counts == dict(build=7, split=7, alloc=7, plan=7) and m2.timings["n_reused"] == 0
+    assert np.array_equal(reused, rebuilt)
+    monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "0")                     # atoi(...) != 0, as llama.cpp
+    assert llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False).graph_reuse
+
+
+def test_n_kv_padding_is_llama_cpps():
+    assert [llama._n_kv(4096, n) for n in (1, 256, 257, 700, 4096)] == [256, 256, 512, 768, 4096]
+    assert [llama._n_kv(100, n) for n in (1, 100)] == [100, 100]             # capped at n_ctx
+
+
+def test_a_new_window_rebuilds_once(monkeypatch):
+    """Crossing cell 256 changes n_kv (256 -> 512): one new graph, then reuse again."""
+    m = llama.load(DATA / "llama_q8_0.gguf", n_ctx=512, n_threads=1, progress=False)
+    tokens = list(range(2, 252))                                            # 250 prompt tokens
+    counts, _ = _counted_decode(monkeypatch, m, tokens, 10)                 # cells 250 .. 259
+    assert counts["build"] == 3 and m.last_graph.n_kv == 512                # prompt, n_kv 256, n_kv 512

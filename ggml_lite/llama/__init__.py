@@ -5,6 +5,7 @@ __all__ = ['LlamaGraph', 'build_graph', 'LlamaModel', 'load', 'sample_token']
 
 # %% book/12_llama.ipynb #llama-imports
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -21,10 +22,10 @@ from ggml_lite.graph import build_forward_expand, graph_overhead_custom, new_gra
 from ggml_lite.sched import (backend_sched_alloc_graph, backend_sched_get_buffer_size, backend_sched_get_n_splits,
                              backend_sched_graph_compute, backend_sched_new, backend_sched_reserve,
                              backend_sched_reset)
-from ggml_lite.ops import (Prec, add, cont_2d, cpy, get_rows, mul, mul_mat, mul_mat_set_prec, rms_norm,
-                           rope_ext, soft_max_ext, swiglu_split)
+from ggml_lite.ops import (Prec, add, cont_2d, get_rows, mul, mul_mat, mul_mat_set_prec, rms_norm, rope_ext,
+                           set_rows, soft_max_ext, swiglu_split)
 from ggml_lite.tensor import (init, new_tensor_1d, new_tensor_2d, permute, reshape_2d, reshape_3d, set_input,
-                              set_name, set_output, tensor_overhead, transpose, view_1d, view_2d, view_3d)
+                              set_name, set_output, tensor_overhead, view_3d)
 from ggml_lite.types import Type, row_size, type_name, type_size
 
 # the chapter's other modules; LlamaHParams, Vocab, load_vocab and write_llama_gguf are also
@@ -99,14 +100,15 @@ def _progress(items, desc, enabled):
 
 # %% book/12_llama.ipynb #llama-kv
 class _KVCache:
-    """llama_kv_cache, one sequence: per layer K [n_embd_k_gqa, n_ctx] and V stored transposed
-    (cell j of channel c at c*n_ctx + j, so that V·softmax reads rows), zeroed, on the layer's backend."""
+    """llama_kv_cache, one sequence: per layer K [n_embd_k_gqa, n_ctx] (a cell per row) and V stored
+    transposed, [n_ctx, n_embd_v_gqa] (a channel per row: cell j of channel c at c*n_ctx + j, so that
+    V·softmax reads rows), zeroed, on the layer's backend."""
 
     def __init__(self, hp, n_ctx, type_k, type_v, layers):
         named = {}
         for il, layer in enumerate(layers):
-            named[f"cache_k_l{il}"] = (layer.backend, type_k, (hp.n_embd_k_gqa * n_ctx,))
-            named[f"cache_v_l{il}"] = (layer.backend, type_v, (hp.n_embd_v_gqa * n_ctx,))
+            named[f"cache_k_l{il}"] = (layer.backend, type_k, (hp.n_embd_k_gqa, n_ctx))
+            named[f"cache_v_l{il}"] = (layer.backend, type_v, (n_ctx, hp.n_embd_v_gqa))
         tensors, self.owned = _alloc_weights(named, "KV cache")
         for il, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = tensors[f"cache_k_l{il}"], tensors[f"cache_v_l{il}"]
@@ -121,16 +123,49 @@ class _KVCache:
 # %% book/12_llama.ipynb #llama-graph-result
 @dataclass
 class LlamaGraph:
-    """One batch's forward graph and its input and output tensors (llm_graph_result)."""
+    """One ubatch's forward graph, its inputs and its output (llama.cpp's llm_graph_result): kept
+    after the ubatch is computed, and computed again for the next ubatch when can_reuse says that
+    only the inputs differ."""
     ctx: object
     gf: object
-    tokens: object      # I32 [n_tokens]            inp_tokens
-    pos: object         # I32 [n_tokens]            inp_pos
-    kq_mask: object     # F32 [n_kv, n_tokens]      attn_inp_kq_mask: 0 or -inf
-    out_ids: object     # I32 [n_outputs]           which rows of the last layer reach the head
-    logits: object      # F32 [n_vocab, n_outputs]  result_output
-    n_past: int
+    tokens: object      # I32 [n_tokens]                   inp_tokens
+    pos: object         # I32 [n_tokens]                   inp_pos
+    kq_mask: object     # F32 [n_kv, n_tokens]             attn_inp_kq_mask: 0 or -inf
+    k_idxs: object      # I64 [n_tokens]                   the cell each token's K row goes to
+    v_idxs: object      # I64 [n_tokens * n_embd_v_gqa]    the element of V^T each V value goes to
+    out_ids: object     # I32 [n_outputs]                  which rows of the last layer reach the head
+    logits: object      # F32 [n_vocab, n_outputs]         result_output
+    n_tokens: int
+    n_outputs: int
     n_kv: int
+    n_embd_v_gqa: int
+    kv_size: int
+
+    def can_reuse(self, n_tokens, n_outputs, n_kv):
+        """llm_graph_result::can_reuse: the graph parameters allow it (llm_graph_params::allow_reuse:
+        the same ubatch shape and n_outputs) and every input can take the new ubatch (each input's
+        can_reuse: the same token count, the same out_ids, a KQ mask of the same shape, KV index
+        inputs of the same length)."""
+        if n_tokens != self.n_tokens or n_outputs != self.n_outputs:
+            return False
+        return (self.tokens.ne[0] == n_tokens and self.pos.ne[0] == n_tokens
+                and self.out_ids.ne[0] == n_outputs
+                and self.kq_mask.ne[0] == n_kv and self.kq_mask.ne[1] == n_tokens
+                and self.k_idxs.ne[0] == n_tokens and self.v_idxs.ne[0] == n_tokens * self.n_embd_v_gqa)
+
+    def set_inputs(self, batch, n_past):
+        """llm_graph_result::set_inputs: the data of every input for tokens batch at positions n_past..:
+        all that differs from one decode step to the next."""
+        n = len(batch)
+        cells = np.arange(n_past, n_past + n, dtype=np.int64)       # the cells this ubatch fills
+        backend_tensor_set(self.tokens, np.asarray(batch, np.int32))
+        backend_tensor_set(self.pos, cells.astype(np.int32))
+        backend_tensor_set(self.kq_mask, _causal_mask(n, n_past, self.n_kv))
+        backend_tensor_set(self.k_idxs, cells)
+        # V^T viewed as one element per row: token i's channel c goes to element c*kv_size + cell_i
+        channels = np.arange(self.n_embd_v_gqa, dtype=np.int64) * self.kv_size
+        backend_tensor_set(self.v_idxs, (cells[:, None] + channels[None, :]).reshape(-1))
+        backend_tensor_set(self.out_ids, np.arange(n - self.n_outputs, n, dtype=np.int32))
 
 # %% book/12_llama.ipynb #llama-graph-helpers
 def _named(t, name, il=-1):
@@ -151,16 +186,16 @@ def _build_ffn(ctx, m, x, il):
     return _named(mul_mat(ctx, m.w(il, "ffn_down"), cur), "ffn_out", il)
 
 # %% book/12_llama.ipynb #llama-attn
-def _build_kv_store(ctx, gf, m, layer, k_cur, v_cur, n_tokens, n_past, il):
-    """Write this batch's K and V into cells [n_past, n_past + n_tokens) through views (cpy_k, cpy_v).
-    K rows are cells; V is stored transposed, so its view is a 2-D window with stride n_ctx."""
+def _build_kv_store(ctx, gf, m, layer, g, k_cur, v_cur, n_tokens, il):
+    """Write this ubatch's K and V into the cells that g's index inputs name (cpy_k, cpy_v with
+    set_rows). K rows are cells; V is stored transposed, so it is viewed as one element per row,
+    [1, n_embd_v_gqa * kv_size], and v_idxs names the element of each value."""
     hp, kv = m.hparams, m.kv
-    k_view = view_1d(ctx, layer.k_cache, n_tokens * hp.n_embd_k_gqa, row_size(kv.type_k, hp.n_embd_k_gqa) * n_past)
-    build_forward_expand(gf, _named(cpy(ctx, k_cur, k_view), "k_store", il))
-    es = type_size(kv.type_v)
-    v_view = view_2d(ctx, layer.v_cache, n_tokens, hp.n_embd_v_gqa, kv.n_ctx * es, n_past * es)
-    v_t = transpose(ctx, reshape_2d(ctx, v_cur, hp.n_embd_v_gqa, n_tokens))
-    build_forward_expand(gf, _named(cpy(ctx, v_t, v_view), "v_store", il))
+    k = reshape_2d(ctx, k_cur, hp.n_embd_k_gqa, n_tokens)
+    build_forward_expand(gf, _named(set_rows(ctx, layer.k_cache, k, g.k_idxs), "k_store", il))
+    v_view = reshape_2d(ctx, layer.v_cache, 1, hp.n_embd_v_gqa * kv.n_ctx)
+    v = reshape_2d(ctx, v_cur, 1, hp.n_embd_v_gqa * n_tokens)
+    build_forward_expand(gf, _named(set_rows(ctx, v_view, v, g.v_idxs), "v_store", il))
 
 
 def _build_attn_mha(ctx, m, layer, q_cur, kq_mask, n_kv, il):
@@ -203,24 +238,26 @@ def _build_attn(ctx, gf, m, g, cur, il):
     v = reshape_3d(ctx, v, hd, hp.n_head_kv, n_tokens)
     for t in (q, v, k):                # together, so that a scheduler does not split them apart
         build_forward_expand(gf, t)
-    _build_kv_store(ctx, gf, m, layer, k, v, n_tokens, g.n_past, il)
+    _build_kv_store(ctx, gf, m, layer, g, k, v, n_tokens, il)
     cur = _build_attn_mha(ctx, m, layer, q, g.kq_mask, g.n_kv, il)
     return _named(mul_mat(ctx, m.w(il, "attn_output"), cur), "attn_out", il)
 
 # %% book/12_llama.ipynb #llama-build-graph
-def build_graph(m, n_tokens, n_past, n_kv, n_outputs):
-    """llama's forward graph for a batch of n_tokens at positions n_past.., attending to n_kv cells,
-    with logits for n_outputs rows (llama.cpp's llama_model_llama::graph). Nothing is computed or
-    allocated here."""
+def build_graph(m, n_tokens, n_kv, n_outputs):
+    """llama's forward graph for a ubatch of n_tokens, attending to n_kv cells, with logits for
+    n_outputs rows (llama.cpp's llama_model_llama::graph). Which cells and positions the tokens
+    take is input data (set_inputs), not part of the graph. Nothing is computed or allocated here."""
     hp = m.hparams
     ctx = init(mem_size=tensor_overhead() * m.max_nodes + graph_overhead_custom(m.max_nodes), no_alloc=True)
     gf = new_graph_custom(ctx, m.max_nodes)
-    g = LlamaGraph(ctx, gf, None, None, None, None, None, n_past, n_kv)
+    g = LlamaGraph(ctx, gf, *[None] * 7, n_tokens, n_outputs, n_kv, hp.n_embd_v_gqa, m.kv.n_ctx)
     g.tokens = _named(new_tensor_1d(ctx, Type.I32, n_tokens), "inp_tokens")
     g.pos = _named(new_tensor_1d(ctx, Type.I32, n_tokens), "inp_pos")
     g.kq_mask = _named(new_tensor_2d(ctx, Type.F32, n_kv, n_tokens), "attn_inp_kq_mask")
+    g.k_idxs = _named(new_tensor_1d(ctx, Type.I64, n_tokens), "inp_k_idxs")
+    g.v_idxs = _named(new_tensor_1d(ctx, Type.I64, n_tokens * hp.n_embd_v_gqa), "inp_v_idxs")
     g.out_ids = _named(new_tensor_1d(ctx, Type.I32, n_outputs), "out_ids")
-    for t in (g.tokens, g.pos, g.kq_mask, g.out_ids):
+    for t in (g.tokens, g.pos, g.kq_mask, g.k_idxs, g.v_idxs, g.out_ids):
         set_input(t)
     inp = _named(get_rows(ctx, m.tok_embd, g.tokens), "inp_embd")
     for il in range(hp.n_layer):
@@ -240,9 +277,9 @@ def build_graph(m, n_tokens, n_past, n_kv, n_outputs):
 # %% book/12_llama.ipynb #llama-seam
 class _Sched:
     """The compute seam, llama.cpp's way: a scheduler over the model's backends (the CPU last),
-    reserved once for the worst graph; for each batch a reset, then alloc_graph and graph_compute
-    of a fresh graph. Which backend runs which node, the splits and their input copies are the
-    scheduler's business."""
+    reserved once for the worst graph; for each new graph a reset and alloc_graph; graph_compute
+    for every ubatch, of a new graph or of the last one again. Which backend runs which node, the
+    splits and their input copies are the scheduler's business."""
 
     def __init__(self, backends, graph_size):
         self.backends = list(backends)
@@ -273,7 +310,13 @@ class _Sched:
         return list(self.sched.galloc.buffers)
 
 # %% book/12_llama.ipynb #llama-inputs
-_KV_PAD = 32                          # attend to the first n_kv = pad(n_past + n_tokens, 32) cells
+_KV_PAD = 256                         # llama_kv_cache::get_n_kv: n_kv is a multiple of max(n_pad, 256)
+
+
+def _n_kv(n_ctx, n_used):
+    """The cells a ubatch attends to: the used ones padded to 256, at least 256, at most n_ctx
+    ("so that the graph remains constant across batches and can be reused")."""
+    return min(n_ctx, max(_KV_PAD, -(-n_used // _KV_PAD) * _KV_PAD))
 
 
 def _causal_mask(n_tokens, n_past, n_kv):
@@ -283,12 +326,13 @@ def _causal_mask(n_tokens, n_past, n_kv):
     return np.where(seen, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
 
-def _set_inputs(g, batch, n_outputs):
-    n = len(batch)
-    backend_tensor_set(g.tokens, np.asarray(batch, np.int32))
-    backend_tensor_set(g.pos, np.arange(g.n_past, g.n_past + n, dtype=np.int32))
-    backend_tensor_set(g.kq_mask, _causal_mask(n, g.n_past, g.n_kv))
-    backend_tensor_set(g.out_ids, np.arange(n - n_outputs, n, dtype=np.int32))
+def _graph_reuse_disabled():
+    """LLAMA_GRAPH_REUSE_DISABLE, read as llama_context's constructor reads it: set and atoi != 0."""
+    value = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE")
+    try:
+        return value is not None and int(value.strip() or 0) != 0
+    except ValueError:
+        return False
 
 # %% book/12_llama.ipynb #llama-model
 class LlamaModel:
@@ -302,8 +346,10 @@ class LlamaModel:
         self.rope_freqs = weights.get("rope_freqs.weight")
         self.max_nodes = _max_nodes(len(weights))
         self.timings = dict(t_load_ms=0.0, n_p_eval=0, t_p_eval_ms=0.0, n_eval=0, t_eval_ms=0.0,
-                            splits_prompt=0, splits_decode=0)
-        self.reserve_graph = build_graph(self, n_batch, 0, kv.n_ctx, n_batch)   # the worst batch
+                            splits_prompt=0, splits_decode=0, n_graph_builds=0, n_reused=0)
+        self.graph_reuse = not _graph_reuse_disabled()      # llama_context::graph_reuse_disable
+        self.last_graph = None                              # llama_context::gf_res_prev
+        self.reserve_graph = build_graph(self, n_batch, kv.n_ctx, n_batch)      # the worst batch
         runner.reserve(self.reserve_graph.gf)
 
     @property
@@ -360,13 +406,21 @@ class LlamaModel:
 
 # %% book/12_llama.ipynb #llama-decode
 def _decode(m, batch, n_past, n_outputs):
-    """One ubatch through a fresh graph: allocate (no new memory), set inputs, compute, read."""
-    n_kv = min(m.n_ctx, -(-(n_past + len(batch)) // _KV_PAD) * _KV_PAD)
-    g = build_graph(m, len(batch), n_past, n_kv, n_outputs)
-    m.runner.alloc(g.gf)
-    _set_inputs(g, batch, n_outputs)
+    """llama_context::process_ubatch: the last graph again when it can take this ubatch (only its
+    inputs change: no build, no split, no allocation), else a new graph built, split and allocated
+    (no new memory); then the inputs set, the graph computed, the logits read."""
+    n_kv = _n_kv(m.n_ctx, n_past + len(batch))
+    g = m.last_graph
+    if m.graph_reuse and g is not None and g.can_reuse(len(batch), n_outputs, n_kv):
+        m.timings["n_reused"] += 1
+    else:
+        m.last_graph = None                 # res->reset(): the old graph goes before the new one is built
+        g = build_graph(m, len(batch), n_kv, n_outputs)
+        m.runner.alloc(g.gf)
+        m.last_graph = g
+        m.timings["n_graph_builds"] += 1
+    g.set_inputs(batch, n_past)
     m.runner.compute(g.gf)
-    m.last_graph = g
     return backend_tensor_get(g.logits).reshape(n_outputs, m.hparams.n_vocab)
 
 

@@ -29,6 +29,7 @@ class _CPUBackend(Backend):
         self.work_size = 0
         self.abort_callback = None          # abort_callback(abort_callback_data) -> True = stop
         self.abort_callback_data = None
+        self.plan = None                    # (graph uid, n_threads, threadpool, CPlan) of the last graph
 
     def get_name(self):
         return "CPU"
@@ -37,11 +38,16 @@ class _CPUBackend(Backend):
         self.work_data, self.work_size = None, 0
 
     def graph_compute(self, cgraph):
-        cplan = graph_plan(cgraph, self.n_threads, self.threadpool)
-        if self.work_size < cplan.work_size:
-            self.work_data = np.empty(cplan.work_size, np.uint8)
-            self.work_size = cplan.work_size
-        cplan.work_data = self.work_data    # the same array every time: prepared calls are reused
+        key = (cgraph.uid, self.n_threads, self.threadpool)
+        if cgraph.uid != 0 and self.plan is not None and self.plan[:3] == key:
+            cplan = self.plan[3]            # the scheduler's graph again (its uid changes at each split)
+        else:
+            cplan = graph_plan(cgraph, self.n_threads, self.threadpool)
+            if self.work_size < cplan.work_size:
+                self.work_data = np.empty(cplan.work_size, np.uint8)
+                self.work_size = cplan.work_size
+            cplan.work_data = self.work_data    # the same array every time: prepared calls are reused
+            self.plan = (*key, cplan) if cgraph.uid != 0 else None
         cplan.abort_callback = self.abort_callback
         cplan.abort_callback_data = self.abort_callback_data
         return graph_compute(cgraph, cplan)

@@ -306,9 +306,14 @@ class _Prepared:
         self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
         self.min_work = cplan.min_work_per_node
         self.native = None if self.traced else _Native(cgraph, cplan, self.tasks, p)
+        self.uid, self.cplan = cgraph.uid, weakref.ref(cplan)   # weak: a plan holds its threadpool
 
     def fits(self, cgraph, cplan):
-        """Still valid for this graph and plan? (checked without allocating)"""
+        """Still valid for this graph and plan? (checked without allocating). The same plan object
+        for a graph of the same nonzero uid (the scheduler's, which it changes whenever it splits
+        and allocates again) is taken on trust: no Python walk over the nodes."""
+        if cgraph.uid != 0 and cgraph.uid == self.uid and cplan is self.cplan():
+            return True
         return (self.work_data is cplan.work_data and self.n_threads == cplan.n_threads
                 and self.traced == (cplan.trace is not None) and self.min_work == cplan.min_work_per_node
                 and len(self.nodes) == len(cgraph.nodes)

@@ -285,6 +285,23 @@ def _supports_mul_mat(node):
         return "dst must be F32, neither transposed nor permuted"
     return None
 
+# %% book/06_cpu_compute.ipynb #table-set-rows
+from ggml_lite.backends.cpu.cpy import forward_set_rows  # noqa: E402
+
+
+def _prepare_set_rows(node, p):
+    b, c, d, t = p.view(node.src[0]), p.view(node.src[1]), p.view(node), node.type
+    return lambda ith, nth: forward_set_rows(b, c, d, ith, nth, t)
+
+
+def _supports_set_rows(node):
+    b, c = node.src[0], node.src[1]
+    if b.type != Type.F32 or c.type not in (Type.I64, Type.I32):
+        return "src0 (the rows) must be F32 and src1 (the row numbers) I64 or I32"
+    if node.type not in _FLOAT + _QUANTIZED:
+        return f"dst {type_name(node.type)} has no from_float (have {_names(_FLOAT + _QUANTIZED)})"
+    return None
+
 # %% book/06_cpu_compute.ipynb #table-entries
 from dataclasses import dataclass
 from typing import Callable
@@ -369,6 +386,8 @@ def _entries():
     add(Op.DIAG_MASK_INF, _prepare_diag_mask_inf, _all, _none, _supports_diag_mask_inf, "F32")
     add(Op.GET_ROWS, _prepare_get_rows, _one, _none, _supports_get_rows,
         "src0 F32/F16/BF16/Q4_0/Q4_1/Q8_0/Q4_K/Q6_K -> F32, I32 -> I32; indices I32")
+    add(Op.SET_ROWS, _prepare_set_rows, _one, _none, _supports_set_rows,
+        "src0 F32 rows -> dst " + _names(_FLOAT + _QUANTIZED) + "; row numbers I64 or I32")
     add(Op.CONCAT, _prepare_concat, _all, _none, _supports_concat, "one type: F32/F16/BF16/I8/I16/I32")
     for op, f, types in ((Op.SUM, forward_sum, _FLOAT), (Op.SUM_ROWS, forward_sum_rows, (Type.F32,)),
                          (Op.MEAN, forward_mean, (Type.F32,)),
@@ -449,4 +468,4 @@ def cpu_check_node(node, index=None):
 
 # sources every op of the table reads (the rest optional: soft_max's mask, rope's freq_factors)
 _N_SRC = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.DIV: 2, Op.CPY: 2, Op.ROPE: 2, Op.GET_ROWS: 2,
-          Op.CONCAT: 2, Op.MUL_MAT: 2}
+          Op.CONCAT: 2, Op.MUL_MAT: 2, Op.SET_ROWS: 3}

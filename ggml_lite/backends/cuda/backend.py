@@ -18,6 +18,7 @@ from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES, D
                                              cuda_op_bin_bcast, cuda_op_cpy, cuda_op_get_rows, cuda_op_mul_mat,
                                              cuda_op_norm, cuda_op_rope, cuda_op_scale, cuda_op_soft_max,
                                              cuda_op_swiglu, cuda_op_unary, import_cupy)
+from ggml_lite.backends.cuda.kernels import SET_ROWS_TYPES, cuda_op_set_rows
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import ROPE_TYPE_NEOX, GluOp, Op, UnaryOp, get_glu_op, get_unary_op, op_desc
 from ggml_lite.tensor import (is_contiguous, is_contiguous_1, is_contiguous_2, is_contiguous_rows, is_empty,
@@ -383,6 +384,10 @@ def cuda_supports_op(op, device_id=0):
         want = Type.I32 if src0.type == Type.I32 else Type.F32
         return (src0.type in GET_ROWS_TYPES and src1.type == Type.I32 and op.type == want
                 and _dense_blocks(src0) and _dense_blocks(src1) and _dense_blocks(op))
+    if op.op == Op.SET_ROWS:
+        src1 = op.src[1]
+        return (src0.type == Type.F32 and src1.type in (Type.I64, Type.I32) and op.type in SET_ROWS_TYPES
+                and src0.nb[0] == 4 and op.nb[0] == type_size(op.type))
     if op.op == Op.CPY:
         return _supports_cpy(src0, op)
     if op.op in (Op.DUP, Op.CONT):
@@ -422,6 +427,8 @@ def _compute_forward(ctx, node):
         cuda_op_soft_max(ctx, node)
     elif op == Op.GET_ROWS:
         cuda_op_get_rows(ctx, node)
+    elif op == Op.SET_ROWS:
+        cuda_op_set_rows(ctx, node)
     elif op in (Op.CPY, Op.DUP, Op.CONT):
         cuda_op_cpy(ctx, node.src[0], node)
     elif op == Op.MUL_MAT:

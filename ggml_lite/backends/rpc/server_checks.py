@@ -8,7 +8,7 @@ from ggml_lite.backend import backend_supports_op
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import (Op, add, concat, cont_4d, cpy, diag_mask_inf, div, dup, get_glu_op, get_rows,
                            get_unary_op, glu, glu_split, mean, mul, mul_mat, norm, repeat_4d, rms_norm,
-                           rope_multi, scale_bias, soft_max_add_sinks, soft_max_ext, sub, sum_rows, unary)
+                           rope_multi, scale_bias, set_rows, soft_max_add_sinks, soft_max_ext, sub, sum_rows, unary)
 from ggml_lite.ops import sum as _op_sum      # not the builtin
 from ggml_lite.tensor import (get_op_params_f32, get_op_params_i32, init, is_empty, nbytes, nelements,
                               tensor_overhead)
@@ -87,6 +87,7 @@ _REBUILD = {
     Op.ROPE: _rebuild_rope,
     Op.DIAG_MASK_INF: lambda c, n: diag_mask_inf(c, n.src[0], _i(n, 0)),
     Op.GET_ROWS: lambda c, n: get_rows(c, n.src[0], n.src[1]),
+    Op.SET_ROWS: lambda c, n: set_rows(c, n.src[2], n.src[0], n.src[1]),      # src: rows, indices, destination
     Op.CONCAT: lambda c, n: concat(c, n.src[0], n.src[1], _i(n, 0)),
     Op.SUM: lambda c, n: _op_sum(c, n.src[0]),
     Op.SUM_ROWS: lambda c, n: sum_rows(c, n.src[0]),
