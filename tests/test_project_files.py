@@ -56,3 +56,15 @@ def test_the_readmes_model_flags_are_the_command_lines():
 def test_gitignore_covers_build():
     out = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "build/lib/x.py"], timeout=60)
     assert out.returncode == 0
+
+
+def test_the_rendered_book_drops_directive_lines():
+    """_ext/directive_lines.py: the tangler's `#| ...` lines are not shown; the code is."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("directive_lines", ROOT / "_ext" / "directive_lines.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.strip_directives("#| exporti\n#| module_only\n\nimport numpy as np\n") == "import numpy as np\n"
+    assert mod.strip_directives("#| default_exp tensor") == ""
+    assert mod.strip_directives("x = 1  #| not a directive\n") == "x = 1  #| not a directive\n"
+    assert mod.strip_directives("# NBVAL_IGNORE_OUTPUT\n#| export\nx = 1") == "# NBVAL_IGNORE_OUTPUT\n#| export\nx = 1"
