@@ -99,7 +99,7 @@ def emu_compile(code, options=(), name="module"):
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         src = Path(tmp) / f"{name}.cu"
         src.write_text(code)
-        inc = (f"-I{EMU_HEADER.parent}", "-include", EMU_HEADER.name)
+        inc = ("-include", str(EMU_HEADER))            # by path: the -I options alone say where headers are
         pre = subprocess.run([cxx, "-x", "c++", "-std=c++17", "-E", "-DGGML_LITE_CUDA_EMU", *inc, *defines, str(src)],
                              capture_output=True, text=True)
         if pre.returncode:
