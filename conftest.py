@@ -2,7 +2,9 @@
 
 A chapter that needs hardware declares it in its notebook metadata, e.g.
 `"ggml_lite": {"requires": "cuda"}`. On a machine without that hardware its cells are collected
-and skipped with the reason printed (`-rs`), never passed silently.
+and skipped with the reason printed (`-rs`), never passed silently. "cuda" is met by a GPU or,
+without one, by the emulated CUDA device (a C++ compiler is all it needs): the CUDA chapter
+switches it on itself where cupy sees no GPU.
 """
 import json
 from pathlib import Path
@@ -22,7 +24,17 @@ def _has_cuda() -> tuple[bool, str]:
     return (n > 0), ("no CUDA device (device count 0)" if n == 0 else "")
 
 
-HARDWARE = {"cuda": _has_cuda}
+def _has_cuda_or_emulator() -> tuple[bool, str]:
+    ok, why = _has_cuda()
+    if ok:
+        return ok, why
+    from ggml_lite.backends.cuda.emu import emu_compiler
+    if emu_compiler() is not None:
+        return True, ""
+    return False, f"{why}, and no C++ compiler (g++ or $CXX) for the emulated CUDA device"
+
+
+HARDWARE = {"cuda": _has_cuda_or_emulator}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -735,12 +735,12 @@ def _fake_cupy(launches, entries=None):
 def stand_in(monkeypatch):
     launches = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(launches))
-    for f in (ck._raw_module, ck.cuda_kernel):
+    for f in (ck._raw_module, ck._kernel):
         f.cache_clear()
     monkeypatch.setattr(cb, "_CUDA_REG", None)
     monkeypatch.setattr(cb, "_CUDA_HOST_BUFFER_TYPE", None)
     yield launches
-    for f in (ck._raw_module, ck.cuda_kernel):
+    for f in (ck._raw_module, ck._kernel):
         f.cache_clear()
     for r, _ in list(ggml.backend._registry.backends):
         if r.get_name() == "CUDA":
@@ -883,7 +883,7 @@ def test_stand_in_runs_every_claimed_harness_case(ptx, monkeypatch):
     B = pytest.importorskip("backend_ops_cases", reason="the harness of the cpu chapters is not here")
     launches = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(launches, {f: _entries(t) for f, t in ptx.items()}))
-    for f in (ck._raw_module, ck.cuda_kernel):
+    for f in (ck._raw_module, ck._kernel):
         f.cache_clear()
     monkeypatch.setattr(cb, "_CUDA_REG", None)
     monkeypatch.setattr(cb, "_CUDA_HOST_BUFFER_TYPE", None)
@@ -904,7 +904,7 @@ def test_stand_in_runs_every_claimed_harness_case(ptx, monkeypatch):
                     B.free_built(built)
         assert claimed > 500 and launches
     finally:
-        for f in (ck._raw_module, ck.cuda_kernel):
+        for f in (ck._raw_module, ck._kernel):
             f.cache_clear()
 
 

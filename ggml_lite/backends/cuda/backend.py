@@ -14,7 +14,7 @@ from ggml_lite.backend import (TENSOR_ALIGNMENT, Backend, BackendBuffer, Backend
                                BackendDevCaps, BackendDevice, BackendDevProps, BackendDevType, BackendEvent,
                                BackendReg, guid_matches)
 from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES, DEQUANTIZE_TYPES, GET_ROWS_TYPES,
-                                             MATRIX_ROW_PADDING, MMVQ_MAX_BATCH_SIZE, MMVQ_TYPES, cuda_kernel,
+                                             MATRIX_ROW_PADDING, MMVQ_MAX_BATCH_SIZE, MMVQ_TYPES, cuda_emulated, cuda_kernel,
                                              cuda_op_bin_bcast, cuda_op_cpy, cuda_op_get_rows, cuda_op_mul_mat,
                                              cuda_op_norm, cuda_op_rope, cuda_op_scale, cuda_op_soft_max,
                                              cuda_op_swiglu, cuda_op_unary, import_cupy)
@@ -516,6 +516,7 @@ class _CUDADevice(BackendDevice):
 class _CUDAReg(BackendReg):
     def __init__(self):
         super().__init__()
+        self.emulated = cuda_emulated()         # a GPU's reg, or the emulated device's
         self._devices = [_CUDADevice(self, i) for i in range(backend_cuda_get_device_count())]
 
     def get_name(self):
@@ -542,10 +543,10 @@ def _require_cuda(where):
 
 def backend_cuda_reg():
     """ggml_backend_cuda_reg: the CUDA reg (one object) with a device per visible GPU."""
-    global _CUDA_REG
-    if _CUDA_REG is None:
+    global _CUDA_REG, _CUDA_HOST_BUFFER_TYPE
+    if _CUDA_REG is None or _CUDA_REG.emulated != cuda_emulated():     # built anew when the mode changed
         _require_cuda("backend_cuda_reg")
-        _CUDA_REG = _CUDAReg()
+        _CUDA_REG, _CUDA_HOST_BUFFER_TYPE = _CUDAReg(), None
     return _CUDA_REG
 
 
@@ -570,8 +571,8 @@ def backend_cuda_buffer_type(device=0):
 def backend_cuda_host_buffer_type():
     """ggml_backend_cuda_host_buffer_type: the pinned host buffer type "CUDA_Host" (one object)."""
     global _CUDA_HOST_BUFFER_TYPE
+    reg = backend_cuda_reg()
     if _CUDA_HOST_BUFFER_TYPE is None:
-        reg = backend_cuda_reg()
         _CUDA_HOST_BUFFER_TYPE = CUDAHostBufferType(reg.get_device(0) if reg.get_device_count() else None)
     return _CUDA_HOST_BUFFER_TYPE
 

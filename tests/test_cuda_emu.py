@@ -1,0 +1,286 @@
+"""The CUDA backend's kernels executed on the CPU by the emulated device (GGML_LITE_CUDA_EMU=1):
+every harness case the backend claims, computed by the real .cu kernels under two schedules of a
+block's threads, against the numpy references; the kernels the harness does not reach, directly;
+the scheduler over CUDA (emulated) + CPU; and the emulator's own promises (races and deadlocks
+caught, launches checked as the PTX declares them). Needs a C++ compiler (g++), no GPU."""
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import ggml_lite as ggml
+from ggml_lite import GGMLError, Type
+from ggml_lite.backends.cuda import backend as cb
+from ggml_lite.backends.cuda import emu
+from ggml_lite.backends.cuda import kernels as ck
+
+pytestmark = pytest.mark.skipif(emu.emu_compiler() is None, reason="no C++ compiler (g++ or $CXX) for the emulated device")
+B = pytest.importorskip("backend_ops_cases", reason="the harness of the cpu chapters is not here")
+
+SCHEDULES = ("forward", "warps")             # each catches races the other misses (see chapter 11)
+HARNESS_CASES = B.make_test_cases()
+
+
+def _claimed(case):
+    """supports_op is pure Python: the claim is known without any device."""
+    built = B.build_case(case, no_alloc=True, sentinels=False)
+    try:
+        return all(cb.cuda_supports_op(t, 0) for t in built.ctx)
+    finally:
+        B.free_built(built)
+
+
+CLAIMED = [c for c in HARNESS_CASES if _claimed(c)]
+LAUNCHED = set()                             # kernel names launched by the tests of this module
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    old = os.environ.get(emu.EMU_ENV)
+    os.environ[emu.EMU_ENV] = "1"
+    real_call = emu.EmuFunction.__call__
+
+    def recording_call(self, *args, **kwargs):
+        LAUNCHED.add(self.name)
+        return real_call(self, *args, **kwargs)
+
+    emu.EmuFunction.__call__ = recording_call
+    try:
+        backend = ggml.backend_cuda_init(0)
+        assert ggml.backend_cuda_get_device_description(0) == emu.EMU_DESCRIPTION
+        yield backend
+    finally:
+        emu.EmuFunction.__call__ = real_call
+        if old is None:
+            os.environ.pop(emu.EMU_ENV, None)
+        else:
+            os.environ[emu.EMU_ENV] = old
+
+
+def _through(backend):
+    return dict(compute=lambda gf, ctx: ggml.backend_graph_compute(backend, gf), no_alloc=True,
+                alloc=lambda ctx: ggml.backend_alloc_ctx_tensors(ctx, backend))
+
+
+def test_the_backend_claims_the_harness_cases_it_did():
+    ops = {c.op for c in CLAIMED}
+    assert len(CLAIMED) >= 900 and {"MUL_MAT", "SOFT_MAX", "ROPE", "CPY", "GET_ROWS", "RMS_NORM"} <= ops
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("case", CLAIMED, ids=[c.name() for c in CLAIMED])
+def test_harness_case_on_the_emulated_device(cuda, case, schedule):
+    with emu.emu_schedule(schedule):
+        verdict = B.eval_case(case, **_through(cuda))
+    assert verdict.ok, f"{case.name()} on CUDA0 (emulated, {schedule} schedule): {verdict}"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the harness does not reach: the F32 dequantizers (mul_mat at F32 precision) and cpy_i32_i32
+# ---------------------------------------------------------------------------------------------
+
+def _compute(backend, build, inputs):
+    c = ggml.init(mem_size=16 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+    try:
+        out, srcs = build(c)
+        gf = ggml.new_graph(c)
+        ggml.build_forward_expand(gf, out)
+        assert all(cb.cuda_supports_op(n, 0) for n in gf.nodes)
+        buf = ggml.backend_alloc_ctx_tensors(c, backend)
+        for t, v in zip(srcs, inputs):
+            ggml.backend_tensor_set(t, v)
+        assert ggml.backend_graph_compute(backend, gf) == ggml.Status.SUCCESS
+        got = ggml.backend_tensor_get(out)
+        ggml.backend_buffer_free(buf)
+        return got
+    finally:
+        ggml.free(c)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("type_", list(ck.DEQUANTIZE_TYPES))
+def test_f32_dequantizers_through_mul_mat_at_f32_precision(cuda, type_, schedule):
+    rng = np.random.default_rng(int(type_))
+    w = rng.standard_normal((40, 512)).astype(np.float32)
+    x = rng.standard_normal((16, 512)).astype(np.float32)
+    rows = ggml.quantize_chunk(type_, w)
+
+    def build(c):
+        a, b = ggml.new_tensor_2d(c, type_, 512, 40), ggml.new_tensor_2d(c, Type.F32, 512, 16)
+        out = ggml.mul_mat(c, a, b)                       # 16 columns: not the mat-vec, the cuBLAS path
+        ggml.mul_mat_set_prec(out, ggml.Prec.F32)         # weights dequantized to F32
+        return out, (a, b)
+
+    with emu.emu_schedule(schedule):
+        got = _compute(cuda, build, (rows, x)).reshape(16, 40)
+    want = x @ ggml.types.dequantize_rows(type_, rows, 512).T
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-10      # F32 all the way: no F16 rounding
+    assert f"dequantize_{ck.DEQUANTIZE_TYPES[type_]}_f32" in LAUNCHED
+
+
+def test_cpy_i32_i32_transposes_exactly(cuda):
+    v = np.arange(-40, 35, dtype=np.int32).reshape(5, 15)
+
+    def build(c):
+        a = ggml.new_tensor_2d(c, Type.I32, 15, 5)
+        return ggml.cont(c, ggml.transpose(c, a)), (a,)
+
+    assert np.array_equal(_compute(cuda, build, (v,)).reshape(15, 5), v.T)
+    assert "cpy_i32_i32" in LAUNCHED
+
+
+def test_every_kernel_of_the_sources_ran(cuda):
+    """Run last in this module (pytest keeps file order): the harness and the tests above together
+    launched every kernel the .cu files define."""
+    if len(LAUNCHED) < 20:
+        pytest.skip("only part of this module ran")
+    defined = set()
+    for f in ck.KERNEL_FILES:
+        defined |= set(ck._raw_module(0, f, True).kernels)
+    assert len(defined) >= 83 and defined <= LAUNCHED, sorted(defined - LAUNCHED)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scheduler over CUDA (emulated) + CPU
+# ---------------------------------------------------------------------------------------------
+
+def _two_layers(c, w_bufts, n_embd, n_tok, rng):
+    x = ggml.new_tensor_2d(c, Type.F32, n_embd, n_tok)
+    ggml.set_input(x)
+    bufs, cur = [], x
+    for buft in w_bufts:
+        wc = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
+        g, a = ggml.new_tensor_1d(wc, Type.F32, n_embd), ggml.new_tensor_2d(wc, Type.F32, n_embd, n_embd)
+        b = ggml.new_tensor_2d(wc, Type.Q8_0, n_embd, n_embd)
+        buf = ggml.backend_alloc_ctx_tensors_from_buft(wc, buft)
+        ggml.backend_buffer_set_usage(buf, ggml.BackendBufferUsage.WEIGHTS)
+        ggml.backend_tensor_set(g, rng.uniform(0.5, 1.5, n_embd).astype(np.float32))
+        ggml.backend_tensor_set(a, (rng.standard_normal((n_embd, n_embd)) / np.sqrt(n_embd)).astype(np.float32))
+        ggml.backend_tensor_set(b, ggml.quantize_chunk(Type.Q8_0, (rng.standard_normal((n_embd, n_embd)) / np.sqrt(n_embd)).astype(np.float32)))
+        bufs.append((buf, wc))
+        h = ggml.mul_mat(c, b, ggml.silu(c, ggml.mul_mat(c, a, ggml.mul(c, ggml.rms_norm(c, cur, 1e-5), g))))
+        cur = ggml.add(c, cur, h)
+    gf = ggml.new_graph(c)
+    ggml.build_forward_expand(gf, cur)
+    return gf, x, cur, bufs
+
+
+def _run_sched(backends, w_bufts, n_tok):
+    c = ggml.init(mem_size=64 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+    gf, x, out, bufs = _two_layers(c, w_bufts, 256, n_tok, np.random.default_rng(0))
+    sched = ggml.backend_sched_new(backends, None, len(backends), ggml.DEFAULT_GRAPH_SIZE, False, True)
+    assert ggml.backend_sched_alloc_graph(sched, gf)
+    ggml.backend_tensor_set(x, np.random.default_rng(n_tok).standard_normal((n_tok, 256)).astype(np.float32))
+    assert ggml.backend_sched_graph_compute(sched, gf) == ggml.Status.SUCCESS
+    result, n_splits = ggml.backend_tensor_get(out), ggml.backend_sched_get_n_splits(sched)
+    ggml.backend_sched_free(sched)
+    for buf, wc in bufs:
+        ggml.backend_buffer_free(buf)
+        ggml.free(wc)
+    ggml.free(c)
+    return result, n_splits
+
+
+@pytest.mark.skipif(not hasattr(ggml, "backend_sched_new"), reason="ggml_lite has no scheduler in this checkout")
+def test_scheduler_over_emulated_cuda_and_cpu_equals_the_cpu(cuda):
+    cpu = ggml.backend_cpu_init()
+    host, dev = ggml.backend_cpu_buffer_type(), ggml.backend_get_default_buffer_type(cuda)
+    for n_tok, splits in ((1, 2), (64, 4)):                   # as chapter 11 and test_cuda predict
+        mixed, n = _run_sched([cuda, cpu], [host, dev], n_tok)
+        alone, _ = _run_sched([cpu], [host, host], n_tok)
+        assert n == splits, (n_tok, n)
+        assert np.sum((mixed - alone) ** 2) / np.sum(alone ** 2) < 5e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# The emulator's promises
+# ---------------------------------------------------------------------------------------------
+
+def _norm_module(tmp_path, edit):
+    """norm.cu against a copy of common.cuh changed by edit(text)."""
+    common = (ck.KERNEL_DIR / "common.cuh").read_text()
+    changed = edit(common)
+    assert changed != common, "the edit changed nothing"
+    (tmp_path / "common.cuh").write_text(changed)
+    return emu.EmuModule((ck.KERNEL_DIR / "norm.cu").read_text(), (f"-I{tmp_path}",))
+
+
+def _norm_rows(module, schedule, ncols=4096, nrows=3):
+    x = np.random.default_rng(1).standard_normal((nrows, ncols)).astype(np.float32)
+    y = np.zeros_like(x)
+    args = (np.uint64(x.ctypes.data), np.uint64(y.ctypes.data), np.int32(ncols), np.int64(ncols), np.int64(0),
+            np.int64(0), np.float32(1e-5))
+    with emu.emu_schedule(schedule):
+        module.get_function("norm_f32")((nrows, 1, 1), (1024,), args)
+    want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+    return bool(np.all(np.abs(y - want) < 1e-3))
+
+
+def test_a_removed_barrier_is_caught_by_the_schedules_the_harness_uses(tmp_path):
+    """block_reduce's two __syncthreads, each removed in turn: the schedules of SCHEDULES together
+    catch both (norm with 1024 threads runs two reductions over one shared array)."""
+    first, second = "__syncthreads();                      // shared may", "__syncthreads();\n        x = lane_id"
+    intact = emu.EmuModule((ck.KERNEL_DIR / "norm.cu").read_text(), (f"-I{ck.KERNEL_DIR}",))
+    assert all(_norm_rows(intact, s) for s in emu.EMU_SCHEDULES)
+    for barrier in (first, second):
+        module = _norm_module(tmp_path, lambda t: t.replace(barrier, "/* removed */" + barrier[len("__syncthreads();"):], 1))
+        assert not all(_norm_rows(module, s) for s in SCHEDULES), f"removing {barrier!r} went unnoticed"
+
+
+def test_a_barrier_half_a_warp_never_reaches_is_a_deadlock_not_a_hang():
+    """Lanes 0-15 wait at __syncthreads, lanes 16-31 at a shuffle that needs the whole warp."""
+    code = ('extern "C" __global__ void k(float * x) {\n'
+            '    float v = threadIdx.x;\n'
+            '    if (threadIdx.x < 16) { __syncthreads(); }\n'
+            '    else { v = __shfl_xor_sync(0xffffffff, v, 1); __syncthreads(); }\n'
+            '    x[threadIdx.x] = v;\n}\n')
+    m = emu.EmuModule(code)
+    x = np.zeros(32, np.float32)
+    with pytest.raises(GGMLError, match=r"deadlock in block \(0, 0, 0\): 16 of 32 threads wait at "
+                                        r"__syncthreads, 16 at a warp-wide operation"):
+        m.get_function("k")((1,), (32,), (np.uint64(x.ctypes.data),))
+
+
+def test_a_launch_is_checked_as_the_kernel_declares_it():
+    m = emu.EmuModule('extern "C" __global__ void k(float * x, const int n, const float s) {\n'
+                      '    const int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+                      '    if (i < n) { x[i] = s * i; }\n}\n')
+    k = m.get_function("k")
+    x = np.zeros(100, np.float32)
+    p = np.uint64(x.ctypes.data)
+    k((4,), (32,), (p, np.int32(100), np.float32(0.5)))
+    assert np.array_equal(x, 0.5 * np.arange(100, dtype=np.float32))
+    for args, what in (((p, np.int64(100), np.float32(0.5)), "argument 1 is int64"),
+                       ((p, np.int32(100), np.float64(0.5)), "argument 2 is float64"),
+                       ((p, np.int32(100)), "2 arguments, the kernel takes 3")):
+        with pytest.raises(GGMLError, match=what):
+            k((4,), (32,), args)
+    with pytest.raises(GGMLError, match="more threads per block"):
+        k((1,), (2048,), (p, np.int32(100), np.float32(0.5)))
+    with pytest.raises(GGMLError, match="no kernel 'nope' in this module"):
+        m.get_function("nope")
+
+
+def test_shuffles_follow_cuda_rules_for_width_and_returned_lanes():
+    m = emu.EmuModule('extern "C" __global__ void k(float * out) {\n'
+                      '    const int l = threadIdx.x;\n'
+                      '    out[l] = __shfl_xor_sync(0xffffffff, (float) l, 8, 16);\n'
+                      '    out[32 + l] = __shfl_down_sync(0xffffffff, (float) l, 4, 16);\n'
+                      '    if (l >= 24) return;\n'
+                      '    out[64 + l] = __shfl_sync(0xffffffff, (float) l, 30);\n}\n')
+    out = np.zeros(96, np.float32)
+    m.get_function("k")((1,), (32,), (np.uint64(out.ctypes.data),))
+    lanes = np.arange(32)
+    assert np.array_equal(out[:32], lanes ^ 8)
+    assert np.array_equal(out[32:64], np.where(lanes % 16 + 4 < 16, lanes + 4, lanes))
+    assert np.isnan(out[64:88]).all()                # lane 30 has returned: nothing to read
+
+
+def test_the_compiled_module_is_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    code = 'extern "C" __global__ void k(int * x) { x[threadIdx.x] = 7; }\n'
+    a = emu.emu_compile(code)
+    assert a.parent == tmp_path / "ggml_lite" / "cuda_emu" and emu.emu_compile(code) == a
+    assert emu.emu_compile(code.replace("7", "8")) != a
