@@ -68,3 +68,13 @@ def test_the_rendered_book_drops_directive_lines():
     assert mod.strip_directives("#| default_exp tensor") == ""
     assert mod.strip_directives("x = 1  #| not a directive\n") == "x = 1  #| not a directive\n"
     assert mod.strip_directives("# NBVAL_IGNORE_OUTPUT\n#| export\nx = 1") == "# NBVAL_IGNORE_OUTPUT\n#| export\nx = 1"
+
+
+def test_every_picture_has_an_alt_text():
+    """A figure stored in a chapter says in words what it shows (mystnb.image.alt), not its file name."""
+    import json
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):
+                alt = cell["metadata"].get("mystnb", {}).get("image", {}).get("alt", "")
+                assert len(alt) >= 60, f"{path.name} cell {cell.get('id')}: alt text {alt!r}"
