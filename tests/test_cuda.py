@@ -664,24 +664,7 @@ def _fake_cupy(launches, entries=None):
             self._a = np.zeros(size + 256, np.uint8)
             self.ptr = self._a.ctypes.data + (-self._a.ctypes.data) % 256
 
-    class Ctx:
-        def __init__(self, *a, **k):
-            self.ptr = 0
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def synchronize(self):
-            pass
-
-        def record(self, stream=None):
-            pass
-
-        def wait_event(self, event):
-            pass
+    from ggml_lite.backends.cuda.emu import _Context as Ctx    # device, stream and event that do nothing
 
     class RawModule:
         def __init__(self, code, options=()):

@@ -131,6 +131,33 @@ def test_cpy_i32_i32_transposes_exactly(cuda):
     assert "cpy_i32_i32" in LAUNCHED
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("idx_type", [Type.I64, Type.I32])
+@pytest.mark.parametrize("dst_type", [Type.F32, Type.F16, Type.BF16])
+def test_set_rows_equals_the_cpu(cuda, dst_type, idx_type, schedule):
+    """set_rows (the KV cache's writes) on the emulated device: the CPU's bits, rows not named untouched."""
+    rng = np.random.default_rng(int(dst_type) * 100 + int(idx_type))
+    old = rng.standard_normal((10, 64)).astype(np.float32)
+    rows = rng.standard_normal((4, 64)).astype(np.float32)
+    idx = np.array([7, 0, 9, 3], np.int64 if idx_type == Type.I64 else np.int32)
+
+    def build(c):
+        dst = ggml.new_tensor_2d(c, dst_type, 64, 10)
+        src = ggml.new_tensor_2d(c, Type.F32, 64, 4)
+        ids = ggml.new_tensor_1d(c, idx_type, 4)
+        return ggml.set_rows(c, dst, src, ids), (dst, src, ids)
+
+    start = {Type.F32: old, Type.F16: old.astype(np.float16),                  # dst's bytes before
+             Type.BF16: (old.view(np.uint32) >> 16).astype(np.uint16)}[dst_type]
+    want = _compute(ggml.backend_cpu_init(), build, (start, rows, idx))
+    with emu.emu_schedule(schedule):
+        got = _compute(cuda, build, (start, rows, idx))
+    assert got.tobytes() == want.tobytes()
+    untouched = [i for i in range(10) if i not in idx]
+    assert got.reshape(10, -1)[untouched].tobytes() == start.reshape(10, -1)[untouched].tobytes()
+    assert f"set_rows_{ggml.type_name(dst_type)}_{ggml.type_name(idx_type)}" in LAUNCHED
+
+
 def test_every_kernel_of_the_sources_ran(cuda):
     """Run last in this module (pytest keeps file order): the harness and the tests above together
     launched every kernel the .cu files define."""
