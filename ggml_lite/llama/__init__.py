@@ -372,8 +372,8 @@ class LlamaModel:
 
     def _vocab(self):
         if self.vocab is None:
-            raise GGMLError(f"llama: the tokenizer of this file is '{self.tokenizer_model}'; only SPM ('llama') "
-                            f"is implemented here: pass token ids to eval and generate")
+            raise GGMLError(f"llama: the tokenizer of this file is '{self.tokenizer_model}'; only SPM ('llama') and "
+                            f"BPE ('gpt2', 'gemma4') are implemented here: pass token ids to eval and generate")
         return self.vocab
 
     def eval(self, tokens, n_past=0, logits_all=True):
@@ -469,7 +469,7 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     reader = llama_open(path)
     hp = llama_read_hparams(reader)
     tokenizer = llama_key(reader, "tokenizer.ggml.model", LLAMA_STR)
-    vocab = llama_read_vocab(reader, hp.n_vocab) if tokenizer == "llama" else None    # BPE etc.: ids only
+    vocab = llama_read_vocab(reader, hp.n_vocab) if tokenizer in ("llama", "gpt2", "gemma4") else None    # others: ids only
     n_ctx, n_batch = llama_positive("n_ctx", n_ctx), llama_positive("n_batch", n_batch)
     n_batch = min(n_batch, n_ctx)
     if Type(type_k) not in (Type.F32, Type.F16) or Type(type_v) not in (Type.F32, Type.F16):
