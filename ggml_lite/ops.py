@@ -38,10 +38,7 @@ def _alive(where, *tensors, names="abc"):
 
 def _enum(kind, value, where):
     """An enum argument as ggml's enum, or a GGMLError naming it (ggml takes any int here)."""
-    try:
-        member = kind(value)
-    except ValueError:
-        member = None
+    member = next((m for m in kind if m == value), None)
     if member is None or member.name == "COUNT":
         raise GGMLError(f"{where}: {value!r} is not a {kind.__name__}")
     return member
@@ -53,9 +50,7 @@ def _result(ctx, a, inplace):
 
 
 def _record(result, op, *src):
-    result.op = op
-    for i, s in enumerate(src):
-        result.src[i] = s
+    result.op, result.src[:len(src)] = op, src
     return result
 
 
@@ -114,11 +109,8 @@ def div_inplace(ctx, a, b):
 
 # %% book/03_ops.ipynb #ops-matmul
 def mul_mat(ctx, a, b):
-    """ggml_mul_mat: rows of a dotted with rows of b; F32 [a.ne1, b.ne1, b.ne2, b.ne3].
-
-    a (often the weight, any type) is broadcast over dims 2 and 3 by integer division and must
-    not be transposed.
-    """
+    """ggml_mul_mat: rows of a dotted with rows of b; F32 [a.ne1, b.ne1, b.ne2, b.ne3]. a (often the
+    weight, any type) is broadcast over dims 2 and 3 by integer division and must not be transposed."""
     _alive("mul_mat", a, b)
     ok = (a.ne[0] == b.ne[0] and a.ne[2] > 0 and a.ne[3] > 0
           and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0)
@@ -365,10 +357,9 @@ def set_rows(ctx, a, b, c):
             assertion="b->type == GGML_TYPE_F32")
     require(c.type in (Type.I64, Type.I32), "set_rows", lambda: f"the indices c are {type_name(c.type)}",
             assertion="c->type == GGML_TYPE_I64 || c->type == GGML_TYPE_I32")
-    require(is_contiguous_rows(a), "set_rows", lambda: f"a.nb={a.nb}: a's rows must be dense",
-            assertion="ggml_is_contiguous_rows(a)")
-    require(is_contiguous_rows(b), "set_rows", lambda: f"b.nb={b.nb}: b's rows must be dense",
-            assertion="ggml_is_contiguous_rows(b)")
+    for name, t in (("a", a), ("b", b)):
+        require(is_contiguous_rows(t), "set_rows", lambda: f"{name}.nb={t.nb}: {name}'s rows must be dense",
+                assertion=f"ggml_is_contiguous_rows({name})")
     # src[2] = a: ggml's order, "weird due to legacy reasons" (ggml.c); the result views a anyway
     return _record(view_tensor(ctx, a), Op.SET_ROWS, b, c, a)
 

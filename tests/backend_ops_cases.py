@@ -59,7 +59,7 @@ VEC_DOT_TYPE = {Type.F32: Type.F32, Type.F16: Type.F16, Type.BF16: Type.BF16, Ty
 
 _GGUF = {Type.Q4_0: GQ.Q4_0, Type.Q4_1: GQ.Q4_1, Type.Q8_0: GQ.Q8_0, Type.Q4_K: GQ.Q4_K,
          Type.Q6_K: GQ.Q6_K}
-_INT_DTYPES = {Type.I8: np.int8, Type.I16: np.int16, Type.I32: np.int32}
+_INT_DTYPES = {Type.I8: np.int8, Type.I16: np.int16, Type.I32: np.int32, Type.I64: np.int64}
 
 
 def tname(t) -> str:
@@ -687,6 +687,59 @@ class TestGetRows(Case):
         return res
 
 
+# --- SET_ROWS ---------------------------------------------------------------------------------
+
+class TestSetRows(Case):
+    """test_set_rows: the F32 rows src [ne0, r, ne2*nr2, ne3*nr3] into dst [ne0, ne1, ne2*nr2, ne3*nr3]
+    at row_idxs [r, ne2, ne3] (broadcast over dst's dims 2 and 3), each slice of indices a shuffled
+    subset of the rows (init_set_rows_row_ids); views of the first r/2 rows and indices when v.
+    Limits: the one-code-off estimate for Q4_0, Q4_1 and Q8_0 destinations, 1e-7 otherwise."""
+    op = "SET_ROWS"
+
+    def __init__(self, type=Type.F32, type_idx=Type.I64, ne=(256, 5, 1, 3), nr23=(1, 1), r=1, v=False):
+        self.type, self.type_idx, self.ne, self.nr23, self.r, self.v = type, type_idx, list(ne), list(nr23), r, v
+
+    def params(self):
+        return dict(type=self.type, type_idx=self.type_idx, ne=self.ne, nr23=self.nr23, r=self.r, v=self.v)
+
+    def max_nmse_err(self):
+        if self.type not in (Type.Q4_0, Type.Q4_1, Type.Q8_0):
+            return 1e-7
+        e = 1.0 / 8.0 / (8.0 if self.type == Type.Q8_0 else 1.0)
+        ne, (n2, n3) = self.ne, self.nr23
+        return e * e / (0.25 * ne[0] * self.r * ne[2] * n2 * ne[3] * n3)
+
+    def build_graph(self, b):
+        ne, (n2, n3) = self.ne, self.nr23
+        dst = b.new_tensor(self.type, [ne[0], ne[1], ne[2] * n2, ne[3] * n3], "dst")
+        src = b.new_tensor(Type.F32, [ne[0], self.r, ne[2] * n2, ne[3] * n3], "src")
+        idx = b.new_tensor(self.type_idx, [self.r, ne[2], ne[3]], "row_idxs")
+        if self.v:
+            src = ggml.view_4d(b.ctx, src, ne[0], self.r // 2, ne[2] * n2, ne[3] * n3, src.nb[1], src.nb[2], src.nb[3], 0)
+            idx = ggml.view_3d(b.ctx, idx, self.r // 2, ne[2], ne[3], idx.nb[1], idx.nb[2], 0)
+            ggml.set_name(idx, "view_of_rows")
+        return ggml.set_rows(b.ctx, dst, src, idx)
+
+    def initialize_tensors(self, built, rng):
+        for t in built.ctx:
+            if t.view_src is not None:
+                continue
+            if t.type == self.type_idx and t.name == "row_idxs":
+                ids = [rng.permutation(self.ne[1])[:t.ne[0]] for _ in range(t.ne[1] * t.ne[2])]
+                write_raw(t, np.concatenate(ids).astype(_INT_DTYPES[t.type]))
+            else:
+                init_tensor_uniform(t, rng)
+
+    def reference(self, srcs, out):
+        rows, idx, dst = srcs[:3]                          # (n3, n2, r, ne0), (1, ne3, ne2, r), (n3, n2, ne1, ne0)
+        res = dst.copy()
+        for i03 in range(rows.shape[0]):
+            for i02 in range(rows.shape[1]):
+                for i in range(rows.shape[2]):        # each row converted as dst's from_float does
+                    res[i03, i02, idx[0, i03 % idx.shape[1], i02 % idx.shape[2], i]] = round_to(self.type, rows[i03, i02, i])
+        return res
+
+
 # --- CPY / CONT -------------------------------------------------------------------------------
 
 class TestCpy(Case):
@@ -1207,6 +1260,19 @@ def make_test_cases():
         for b in (1, 7):
             for v in (False, True):
                 cases.append(TestGetRows(type, 256, 5, 4, b, v))
+
+    cases.append(TestSetRows(Type.F32, Type.I64, (1, 8, 1, 3), (1, 1), 2))
+    cases.append(TestSetRows(Type.F32, Type.I32, (1, 8, 1, 3), (1, 1), 2))
+    cases.append(TestSetRows(Type.Q8_0, Type.I32, (256, 5, 1, 3), (1, 1), 1))
+    for type in ALL_TYPES:                                # test-backend-ops' set_rows loop (F32 rows)
+        for b in (1, 7):
+            for v in (False, True):
+                cases.append(TestSetRows(type, Type.I64, (256, 5, b, 3), (1, 1), 1, v))
+                cases.append(TestSetRows(type, Type.I64, (256, 11, 1, b), (2, 3), 7, v))
+                cases.append(TestSetRows(type, Type.I64, (3 * ggml.blck_size(type), 3, b, 1), (2, 3), 2, v))
+                if ggml.blck_size(type) == 1:
+                    cases.append(TestSetRows(type, Type.I64, (31, 3, b, 1), (2, 3), 2, v))
+                    cases.append(TestSetRows(type, Type.I64, (33, 5, 1, b), (2, 3), 1, v))
 
     for type in ALL_TYPES:                                # same-type copies
         nk = ggml.blck_size(type)

@@ -234,6 +234,7 @@ def _every_constructor(c, a, b, w, idx, pos, m, sq, h16):
         "sum": ggml.sum(c, a), "sum_rows": ggml.sum_rows(c, a), "mean": ggml.mean(c, a),
         "repeat": ggml.repeat(c, b, a), "repeat_4d": ggml.repeat_4d(c, b, 8, 6, 4, 2),
         "concat": ggml.concat(c, a, a, 2),
+        "set_rows": ggml.set_rows(c, a, sq, ggml.new_tensor_1d(c, I32, 2)),
     }
 
 

@@ -113,6 +113,18 @@ CASES = {
     "rope_multi_ok": "a=N(T.F32,8,2,3); p=N(T.I32,12); R=G.rope_multi(ctx,a,p,None,8,[1,1,2,0],8,0,1e4,1.0,0.0,1.0,0.0,0.0)",
     "rope_multi_vision_ok": "a=N(T.F32,8,2,3); p=N(T.I32,12); R=G.rope_multi(ctx,a,p,None,4,[1,1,0,0],24,0,1e4,1.0,0.0,1.0,0.0,0.0)",
     "rope_multi_count": "a=N(T.F32,8,2,3); p=N(T.I32,3); R=G.rope_multi(ctx,a,p,None,8,[1,1,2,0],8,0,1e4,1.0,0.0,1.0,0.0,0.0)",
+    # --- set_rows: a view of a; rows of b into a at the indices c --------------------------------------
+    "set_rows_ok": "a=N(T.F16,8,6,2); b=N(T.F32,8,3,2); c=N(T.I64,3,2); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_i32_broadcast_ok": "a=N(T.F32,8,6,4); b=N(T.F32,8,3,4); c=N(T.I32,3,2); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_q8_0_ok": "a=N(T.Q8_0,32,6); b=N(T.F32,32,2); c=N(T.I64,2); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_row_length": "a=N(T.F32,8,6); b=N(T.F32,7,3); c=N(T.I64,3); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_ne2": "a=N(T.F32,8,6,2); b=N(T.F32,8,3,3); c=N(T.I64,3,3); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_index_count": "a=N(T.F32,8,6); b=N(T.F32,8,3); c=N(T.I64,4); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_not_multiple": "a=N(T.F32,8,6,3); b=N(T.F32,8,3,3); c=N(T.I64,3,2); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_c_ne3": "a=N(T.F32,8,6); b=N(T.F32,8,3); c=N(T.I64,3,1,1,2); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_b_f16": "a=N(T.F32,8,6); b=N(T.F16,8,3); c=N(T.I64,3); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_c_f32": "a=N(T.F32,8,6); b=N(T.F32,8,3); c=N(T.F32,3); R=G.set_rows(ctx,a,b,c)",
+    "set_rows_b_transposed": "a=N(T.F32,8,6); b=G.transpose(ctx,N(T.F32,3,8)); c=N(T.I64,3); R=G.set_rows(ctx,a,b,c)",
     # --- get_rows ---------------------------------------------------------------------------------------
     "get_rows_ok": "a=N(T.Q8_0,32,6,2); b=N(T.I32,4,2); R=G.get_rows(ctx,a,b)",
     "get_rows_i32_ok": "a=N(T.I32,5,6); b=N(T.I32,4); R=G.get_rows(ctx,a,b)",

@@ -100,9 +100,8 @@ _H2D, _D2H, _D2D = 1, 2, 3          # cudaMemcpyKind
 
 
 def _copy_now(dst, src, size, kind):
-    """A copy finished when this returns, as ggml's set/get_tensor (cudaMemcpyAsync, then a sync).
-    A plain cudaMemcpy would not do: from pageable memory it may return before the data has
-    landed, and nothing would order it before kernels on the backend's non-blocking stream."""
+    """Done on return, as ggml's set/get_tensor (cudaMemcpyAsync, then a sync): a plain cudaMemcpy from
+    pageable memory may return before the data lands, unordered with the non-blocking stream."""
     rt = import_cupy().cuda.runtime
     rt.memcpyAsync(dst, src, size, kind, 0)
     rt.streamSynchronize(0)
