@@ -26,9 +26,6 @@ from ggml_lite.layout import (are_same_layout, are_same_shape, are_same_stride, 
                              unravel_index)  # noqa: F401 (re-exported)
 from ggml_lite.types import Type, bf16_to_fp32, blck_size, fp32_to_bf16, is_quantized, type_name, type_size
 
-_pad = PAD                  # the older internal names, kept for the modules that still use them
-_new_object = new_object
-
 # %% book/02_tensor.ipynb #tensor-flags
 class TensorFlag(IntFlag):
     """enum ggml_tensor_flag: roles a tensor plays for the graph, the allocator and the scheduler."""
@@ -151,7 +148,7 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
     if view_src is not None:
         _check_view(view_src, view_offs, data_size, Tensor(type, ne, nb) if nb is not None else None, where)
     alloc = data_size if view_src is None and not ctx.no_alloc else 0
-    offs = _new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, where=where)   # raises before any change
+    offs = new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, where=where)   # raises before any change
     t = Tensor(type, ne, nb if nb is not None else _fresh_strides(type, ne), ctx)
     t.view_src, t.view_offs = view_src, view_offs
     t._offs = offs                                   # where the descriptor sits in the pool

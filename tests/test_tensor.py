@@ -11,7 +11,8 @@ import pytest
 
 import ggml_lite as ggml
 from ggml_lite import GGMLError, Type
-from ggml_lite.tensor import ObjectType, TensorFlag, _new_object
+from ggml_lite.context import new_object
+from ggml_lite.tensor import ObjectType, TensorFlag
 
 F32, F16, I32, Q4_0, Q4_K, BF16 = Type.F32, Type.F16, Type.I32, Type.Q4_0, Type.Q4_K, Type.BF16
 
@@ -140,11 +141,11 @@ def test_exact_fit_formula():
 def test_new_object_for_other_chapters():
     ctx = ggml.init(1024)
     ggml.new_tensor_1d(ctx, F32, 4)                       # 32 + PAD(336+16) = 384
-    offs = _new_object(ctx, ObjectType.GRAPH, 100, payload="graph")
+    offs = new_object(ctx, ObjectType.GRAPH, 100, payload="graph")
     assert offs == 384 + 32 and ggml.used_mem(ctx) == 384 + 32 + 112
     assert len(list(ctx)) == 1                            # iteration yields tensors only
     with pytest.raises(GGMLError, match=r"needed 1072, available 1024"):
-        _new_object(ctx, ObjectType.WORK_BUFFER, 500)
+        new_object(ctx, ObjectType.WORK_BUFFER, 500)
 
 
 def test_caller_buffer():
