@@ -11,6 +11,8 @@ import numpy as np
 from ggml_lite.backend import Backend, BackendDevType, backend_buft_is_host, guid_matches
 from ggml_lite.backends.cpu.compute import DEFAULT_N_THREADS, graph_compute, graph_plan
 from ggml_lite.backends.cpu.table import cpu_supports_op, op_is_empty
+from ggml_lite.backends.cpu.repack import backend_cpu_repack_buffer_type
+from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.host import HostDevice, SingleDeviceReg
 from ggml_lite.core import require
 
@@ -65,11 +67,23 @@ def _cpu_description():
     return "CPU"
 
 
-def _cpu_supports_op(op):
-    """The compute chapter's kernel table decides (cpu_supports_op); an operand outside host memory
-    is refused first, since the kernels read tensors through their host addresses."""
+def _cpu_extra_bufts():
+    """ggml_backend_cpu_get_extra_buffer_types: the buffer types the CPU device adds to its own
+    (ggml 0.15.3 on x86: AMX where built for it, then CPU_REPACK; here CPU_REPACK)."""
+    return [backend_cpu_repack_buffer_type()]
+
+
+def _cpu_supports_op(dev, op):
+    """A source in one of the CPU's extra buffer types lets that buffer type answer (ggml asks the
+    first four sources, before anything else); then the compute chapter's kernel table decides
+    (cpu_supports_op), an operand outside host memory refused first, since the kernels read
+    tensors through their host addresses."""
     if op_is_empty(op.op):
         return True
+    for s in op.src[:4]:
+        buf = None if s is None else tensor_buffer(s)
+        if buf is not None and buf.buft in _cpu_extra_bufts():
+            return buf.buft.cpu_extra.supports_op(dev, op)
     if any(s is not None and s.buffer is not None and not backend_buft_is_host(s.buffer.buft)
            for s in op.src):
         return False
@@ -101,14 +115,18 @@ class _CPUDevice(HostDevice):
         return backend_cpu_init()
 
     def supports_op(self, op):
-        return _cpu_supports_op(op)
+        return _cpu_supports_op(self, op)
+
+    def supports_buft(self, buft):
+        return backend_buft_is_host(buft) or buft in _cpu_extra_bufts()
 
 
 def _cpu_reg():
     return SingleDeviceReg("CPU", _CPUDevice, {
         "ggml_backend_set_n_threads": backend_cpu_set_n_threads,
         "ggml_backend_set_abort_callback": backend_cpu_set_abort_callback,
-        "ggml_backend_cpu_set_threadpool": backend_cpu_set_threadpool})
+        "ggml_backend_cpu_set_threadpool": backend_cpu_set_threadpool,
+        "ggml_backend_dev_get_extra_bufts": lambda device: _cpu_extra_bufts()})
 
 
 _CPU_REG = None

@@ -7,7 +7,7 @@ __all__ = ['DEFAULT_N_THREADS', 'get_n_tasks', 'MIN_WORK_PER_NODE', 'CPlan', 'gr
 import numpy as np
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.table import CACHE_LINE_SIZE, Preparing, cpu_check_node, op_is_empty
+from ggml_lite.backends.cpu.table import CACHE_LINE_SIZE, CPU_KERNELS, Preparing, cpu_check_node, cpu_kernel, op_is_empty
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import Op
 from ggml_lite.tensor import TensorFlag, get_op_params_f32, is_empty, nelements, nrows
@@ -172,6 +172,8 @@ def _lower_norm(node, p, nth):
 # %% book/06_cpu_compute.ipynb #native-lower-mul-mat
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
+    if cpu_kernel(node) is not CPU_KERNELS[Op.MUL_MAT]:
+        return None                                  # an extra buffer type's kernel (07c): called back
     t, src1 = node.src[0].type, node.src[1]
     a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
     if a.dtype == np.float16:

@@ -417,8 +417,22 @@ def cpu_kernel_key(node):
     return node.op
 
 
+def _extra_kernel(node):
+    """ggml_cpu_extra_compute_forward's question, asked before the table: does the buffer type
+    holding src0 carry CPU kernels of its own for this node (`buft.cpu_extra`, a weight rewritten
+    into another layout by the CPU device's extra buffer types, chapter 07c)? Its kernel or None."""
+    src0 = node.src[0] if node.src else None
+    buf = None if src0 is None else (src0.view_src.buffer if src0.view_src is not None else src0.buffer)
+    extra = getattr(getattr(buf, "buft", None), "cpu_extra", None)
+    return None if extra is None else extra.get_tensor_traits(node)
+
+
 def cpu_kernel(node):
-    """node's row of CPU_KERNELS, or None if the CPU has no kernel for its op (and kind)."""
+    """node's row of CPU_KERNELS (or its extra buffer type's kernel), or None if the CPU has no
+    kernel for its op (and kind)."""
+    extra = _extra_kernel(node)
+    if extra is not None:
+        return extra
     try:
         return CPU_KERNELS.get(cpu_kernel_key(node))
     except ValueError:                               # a kind id outside ggml's enum
