@@ -253,7 +253,7 @@ def repack_optimal_type(t):
     return None
 
 
-_HAS_AVX2 = True        # ggml_cpu_has_avx2(): the kernels above run (more slowly) without it too
+_HAS_AVX2 = AVX2        # ggml_cpu_has_avx2() of a native build: numba's target (the kernels above run without it too)
 
 
 def _supports_repacked(node):
