@@ -393,8 +393,11 @@ def test_alternating_failing_and_good_graphs_never_hang(n, poll):
     t.join(timeout=240)
     assert not t.is_alive(), "a compute hung"
     assert done == [True]
-    kinds = _PREPARED[gf].native.prog[:, P.KIND]
-    assert (kinds == P.TASK_PYTHON).sum() == 1 and (kinds != P.TASK_PYTHON).sum() == 3
+    native = _PREPARED[gf].native
+    kinds = native.prog[:, P.KIND]
+    assert (kinds == P.TASK_PYTHON).sum() == 0 and (kinds == P.TASK_GET_ROWS).sum() == 1
+    # get_rows is compiled; only its failures call back (to raise the error that names the index)
+    assert 0 < native.python_calls <= 2 * len(range(0, n, 3))
     if tp is not None:
         ggml.threadpool_free(tp)
 
@@ -448,8 +451,9 @@ def test_a_base_exception_in_a_worker_is_raised_and_the_pool_survives():
     plan.work_data = np.zeros(plan.work_size, np.uint8)
     plan.min_work_per_node = 0                     # get_rows on both threads
     ggml.graph_compute(gf, plan)
-    task = next(t for t in _PREPARED[gf].tasks if t.node.op == Op.GET_ROWS)
+    k, task = next((k, t) for k, t in enumerate(_PREPARED[gf].tasks) if t.node.op == Op.GET_ROWS)
     good = task.run
+    _PREPARED[gf].native.prog[k, P.KIND] = P.TASK_PYTHON     # get_rows is compiled: make it call back
 
     def exits_on_worker_1(ith, nth):
         if ith == 1:
@@ -471,3 +475,64 @@ def test_a_base_exception_in_a_worker_is_raised_and_the_pool_survives():
     assert (out2.numpy() == 3.0).all()
     assert rows.numpy().reshape(-1).tolist() == list(range(24, 32)) + list(range(8, 16))
     ggml.threadpool_free(tp)
+
+
+def _count_plans(monkeypatch):
+    from ggml_lite.backends.cpu import compute as C
+    calls = []
+    real = C.graph_plan
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(C, "graph_plan", counted)
+    return calls
+
+
+def test_graph_compute_with_ctx_plans_an_unchanged_graph_once(monkeypatch):
+    """The second compute of an unchanged graph takes its last plan (no graph_plan); a new
+    thread count plans again."""
+    calls = _count_plans(monkeypatch)
+    ctx = ggml.init(16 << 20)
+    x, one = ggml.new_tensor_1d(ctx, F32, 64), ggml.new_tensor_1d(ctx, F32, 64)
+    y = x
+    for _ in range(50):
+        y = ggml.add(ctx, y, one)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    x.numpy()[...], one.numpy()[...] = 1, 1
+    for _ in range(3):
+        assert ggml.graph_compute_with_ctx(ctx, gf, 1) == Status.SUCCESS
+    assert len(calls) == 1 and (y.numpy() == 51).all()
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    assert len(calls) == 2
+
+
+def test_graph_compute_with_ctx_never_uses_a_stale_plan(monkeypatch):
+    """A graph changed after its compute is planned again: more nodes (one of them needing a work
+    buffer the first plan did not have), a node given another source; each result is right."""
+    calls = _count_plans(monkeypatch)
+    ctx = ggml.init(16 << 20)
+    rng = np.random.default_rng(0)
+    x, b, c = (ggml.new_tensor_2d(ctx, F32, 64, 4) for _ in range(3))
+    w = ggml.new_tensor_2d(ctx, Type.Q8_0, 64, 8)
+    for t in (x, b, c):
+        t.numpy()[...] = rng.uniform(-1, 1, t.numpy().shape)
+    wf = rng.uniform(-1, 1, (8, 64)).astype(np.float32)
+    w.numpy()[...] = ggml.quantize_chunk(Type.Q8_0, wf).reshape(w.numpy().shape)
+    s = ggml.add(ctx, x, b)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, s)
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    assert np.array_equal(s.numpy(), x.numpy() + b.numpy())
+    m = ggml.mul_mat(ctx, w, s)                        # a node with a work buffer: src1 to Q8_0
+    ggml.build_forward_expand(gf, m)
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    assert len(calls) == 2
+    ref = s.numpy().reshape(4, 64) @ wf.T                # Q8_0 weights and activations: close, not equal
+    assert np.abs(m.numpy().reshape(4, 8) - ref).max() < 0.1
+    s.src[1] = c                                       # the same nodes, one source changed
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    assert len(calls) == 3 and np.array_equal(s.numpy(), x.numpy() + c.numpy())
+    ggml.graph_compute_with_ctx(ctx, gf, 2)
+    assert len(calls) == 3                             # and unchanged again: no new plan

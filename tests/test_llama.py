@@ -644,3 +644,26 @@ def test_a_new_window_rebuilds_once(monkeypatch):
     tokens = list(range(2, 252))                                            # 250 prompt tokens
     counts, _ = _counted_decode(monkeypatch, m, tokens, 10)                 # cells 250 .. 259
     assert counts["build"] == 3 and m.last_graph.n_kv == 512                # prompt, n_kv 256, n_kv 512
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_prompt_and_decode_steps_never_call_back_into_python(name):
+    """Every node of a prompt step and of a decode step (get_rows of the weights' type, rope,
+    set_rows into the F16 cache, mul_mat of permuted F16 K and V, soft_max with its mask, swiglu,
+    cont) runs in the compiled node loop: no row of either program calls back into Python, and
+    no call-back happens."""
+    from ggml_lite.backends.cpu import program as P
+    from ggml_lite.backends.cpu.compute import _PREPARED
+    m = model(name)
+    tokens = META["models"][name]["prompt_tokens"]
+    steps = {"prompt": lambda: m.eval(tokens, logits_all=False),
+             "decode": lambda: m.eval([tokens[-1]], n_past=len(tokens))}
+    for what, step in steps.items():
+        _PREPARED.clear()
+        step()
+        natives = [p.native for p in list(_PREPARED.values()) if p.native is not None]
+        assert natives, what
+        rows = np.concatenate([n.prog[:, P.KIND] for n in natives])
+        assert (rows == P.TASK_PYTHON).sum() == 0, (what, name)
+        assert sum(n.python_calls for n in natives) == 0, (what, name)
+        assert (rows == P.TASK_SOFT_MAX).sum() == (rows == P.TASK_ROPE).sum() // 2 == m.hparams.n_layer

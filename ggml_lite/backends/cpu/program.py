@@ -25,7 +25,8 @@ def _drop_stale_cache():
     cache files of this module are dropped whenever the kernels' sources differ from last time.
     (Only the cache in __pycache__ next to the module is looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
-    deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py", "vec.py", "simd.py")]
+    deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py", "vec.py", "simd.py",
+                                          "cpy.py", "unary_ops.py")]
     deps.append(here.parents[1] / "types.py")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
     cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
@@ -46,7 +47,9 @@ def _drop_stale_cache():
 _drop_stale_cache()
 
 from ggml_lite.backends.cpu import binary_ops as B  # noqa: E402
+from ggml_lite.backends.cpu import cpy as C  # noqa: E402
 from ggml_lite.backends.cpu import ops as K  # noqa: E402
+from ggml_lite.backends.cpu import unary_ops as U  # noqa: E402
 from ggml_lite.backends.cpu import vec as V  # noqa: E402
 
 # %% book/06_cpu_compute.ipynb #native-atomics-ops
@@ -149,33 +152,48 @@ def barrier(state):
             sched_yield()
 
 # %% book/06_cpu_compute.ipynb #native-layout
-# One row of int64 per task. ARG: 8 integers of the task's kind. SLOT: 4 arrays (dst, src0,
-# src1, extra), each as its address, 4 ne and 4 strides in numpy's order (ne3 first).
+# One row of int64 per task. ARG: 8 integers of the task's kind, the last (STRIDED) saying which
+# arrays are strided. SLOT: 4 arrays (dst, src0, src1, extra), each as its address, 4 ne and 4
+# strides in bytes, in numpy's order (ne3 first).
 KIND, NTH, NODE, ARG, SLOT = 0, 1, 2, 3, 11
+STRIDED = ARG + 7
 ROW_SIZE = SLOT + 4 * 9
-N_FPARAMS = 4                      # float32 op params per task, in a second array
+N_FPARAMS = 8                      # float32 op params per task, in a second array
 
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
- TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16) = range(9)
+ TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16,
+ TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP) = range(16)
+
+# How a slot's elements are stored, for the kinds that take several: float32, the bits of
+# F16/BF16, the bytes of quantized blocks, int32, int64.
+ST_F32, ST_U16, ST_U8, ST_I32, ST_I64 = range(5)
 
 
-@intrinsic
-def make_view(typingctx, addr, shape, strides, dtype):
-    """A C-contiguous array over memory that some numpy array owns: no reference is counted,
-    nothing allocated (the program lives no longer than the tensors it points at)."""
-    if not (isinstance(shape, types.UniTuple) and isinstance(dtype, types.NumberClass)):
-        return None
-    arrty = types.Array(dtype.instance_type, shape.count, "C")
+def _view_intrinsic(layout):
+    @intrinsic
+    def view(typingctx, addr, shape, strides, dtype):
+        if not (isinstance(shape, types.UniTuple) and isinstance(dtype, types.NumberClass)):
+            return None
+        arrty = types.Array(dtype.instance_type, shape.count, layout)
 
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(arrty)(context, builder)
-        lty = context.get_value_type(arrty.dtype)
-        populate_array(ary, data=builder.inttoptr(args[0], lty.as_pointer()),
-                       shape=cgutils.unpack_tuple(builder, args[1]),
-                       strides=cgutils.unpack_tuple(builder, args[2]),
-                       itemsize=context.get_constant(types.intp, context.get_abi_sizeof(lty)), meminfo=None)
-        return ary._getvalue()
-    return arrty(addr, shape, strides, dtype), codegen
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(arrty)(context, builder)
+            lty = context.get_value_type(arrty.dtype)
+            populate_array(ary, data=builder.inttoptr(args[0], lty.as_pointer()),
+                           shape=cgutils.unpack_tuple(builder, args[1]),
+                           strides=cgutils.unpack_tuple(builder, args[2]),
+                           itemsize=context.get_constant(types.intp, context.get_abi_sizeof(lty)), meminfo=None)
+            return ary._getvalue()
+        return arrty(addr, shape, strides, dtype), codegen
+    return view
+
+
+# An array over memory that some numpy array owns: no reference is counted, nothing allocated
+# (the program lives no longer than the tensors it points at). make_view's array is C-contiguous
+# (numba computes an element's place from the shape); make_strided_view's has any byte strides
+# (numba's layout "A": from the strides), for views, permutes and transposes.
+make_view = _view_intrinsic("C")
+make_strided_view = _view_intrinsic("A")
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -185,8 +203,16 @@ def _array(prog, k, s, dtype):
                      (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]), dtype)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _strided(prog, k, s, dtype):
+    o = SLOT + 9 * s
+    return make_strided_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
+                             (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]), dtype)
+
+
 def set_slot(row, s, arr):
-    """Write array arr (C-contiguous) into slot s of a program row."""
+    """Write the 4-D array arr (C-contiguous, or strided where the kind reads it strided) into
+    slot s of a program row."""
     o = SLOT + 9 * s
     row[o] = arr.ctypes.data
     row[o + 1:o + 5] = arr.shape
@@ -226,16 +252,134 @@ def _call_abort(slot):
         r = _python_abort(slot)
     return r
 
+# %% book/06_cpu_compute.ipynb #native-run-rows
+@njit(cache=True, nogil=True, error_model="numpy")
+def _get_rows_task(prog, k, ith, nth):
+    t, s, f32 = prog[k, ARG], prog[k, ARG + 1], np.float32
+    idx = _strided(prog, k, 2, np.int32)
+    if s == ST_F32:
+        return C.get_rows_kernel(_strided(prog, k, 1, f32), t, idx, _strided(prog, k, 0, f32), ith, nth)
+    if s == ST_U16:
+        return C.get_rows_kernel(_strided(prog, k, 1, np.uint16), t, idx, _strided(prog, k, 0, f32), ith, nth)
+    if s == ST_U8:
+        return C.get_rows_kernel(_strided(prog, k, 1, np.uint8), t, idx, _strided(prog, k, 0, f32), ith, nth)
+    return C.get_rows_kernel(_strided(prog, k, 1, np.int32), t, idx, _strided(prog, k, 0, np.int32), ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _set_rows_into(prog, k, idx, ith, nth):
+    td, s, b = prog[k, ARG], prog[k, ARG + 1], _strided(prog, k, 1, np.float32)
+    if s == ST_F32:
+        return C.set_rows_kernel(b, idx, _strided(prog, k, 0, np.float32), td, ith, nth)
+    if s == ST_U16:
+        return C.set_rows_kernel(b, idx, _strided(prog, k, 0, np.uint16), td, ith, nth)
+    return C.set_rows_kernel(b, idx, _strided(prog, k, 0, np.uint8), td, ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _set_rows_task(prog, k, ith, nth):
+    if prog[k, ARG + 2] == ST_I64:
+        return _set_rows_into(prog, k, _strided(prog, k, 2, np.int64), ith, nth)
+    return _set_rows_into(prog, k, _strided(prog, k, 2, np.int32), ith, nth)
+
+# %% book/06_cpu_compute.ipynb #native-run-elementwise
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rope_task(prog, fp, k, ith, nth):
+    a = ARG
+    pos, ff = _strided(prog, k, 2, np.int32)[0, 0, 0], _strided(prog, k, 3, np.float32)[0, 0, 0]
+    t, has_ff, n_dims, mode = prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k, a + 3]
+    if prog[k, a + 4] == ST_F32:
+        x, y = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32)
+        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3],
+                      fp[k, 4], fp[k, 5], ith, nth)
+    else:
+        x, y = _strided(prog, k, 1, np.uint16), _strided(prog, k, 0, np.uint16)
+        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3],
+                      fp[k, 4], fp[k, 5], ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _soft_max_task(prog, fp, k, ith, nth):
+    x, y, tm, has_mask = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32), prog[k, ARG], prog[k, ARG + 1] != 0
+    if prog[k, ARG + 2] == ST_F32:
+        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask, fp[k, 0], fp[k, 1], ith, nth)
+    else:
+        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask, fp[k, 0], fp[k, 1], ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _glu_task(prog, fp, k, ith, nth):
+    a = ARG
+    op, offa, offb, t = prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3]
+    if prog[k, a + 4] == ST_F32:
+        dt = np.float32
+        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), _strided(prog, k, 0, dt),
+                     offa, offb, t, fp[k, 0], fp[k, 1], ith, nth)
+    else:
+        dt = np.uint16
+        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), _strided(prog, k, 0, dt),
+                     offa, offb, t, fp[k, 0], fp[k, 1], ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _dup_task(prog, k, ith, nth):
+    """The float copy (cpy, cont, dup) between F32 and F16/BF16 bits, any strides on both sides."""
+    ta, td, same, s = prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0, prog[k, ARG + 3]
+    if s == 0:
+        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0, np.float32), td, same, ith, nth)
+    elif s == 1:
+        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0, np.uint16), td, same, ith, nth)
+    elif s == 2:
+        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0, np.float32), td, same, ith, nth)
+    else:
+        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0, np.uint16), td, same, ith, nth)
+
+# %% book/06_cpu_compute.ipynb #native-run-mm
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mul_mat_f(prog, k, x, y, state, owner, ith, nth):
+    a = ARG
+    V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], x, y, _array(prog, k, 0, np.float32), prog[k, a + 3],
+                              prog[k, a + 4], prog[k, a + 5], prog[k, a + 6], state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
+                              owner, ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
+    """F32 weights (dt float32) or F16/BF16 (dt uint16, src1 of the same bits)."""
+    s = prog[k, STRIDED]
+    if s == 0:
+        _mul_mat_f(prog, k, _array(prog, k, 1, dt), _array(prog, k, 2, dt), state, owner, ith, nth)
+    elif s == 2:                                  # src0 strided (slot 1), src1 contiguous
+        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _array(prog, k, 2, dt), state, owner, ith, nth)
+    else:
+        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), state, owner, ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mul_mat_src1_task(prog, k, ith, nth):
+    a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
+    if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
+        V.mul_mat_src1_kernel(prog[k, a], _strided(prog, k, 2, np.float32), w, prog[k, a + 1], prog[k, a + 2],
+                              prog[k, a + 3], ith, nth)
+    else:
+        V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, np.float32), w, prog[k, a + 1], prog[k, a + 2],
+                              prog[k, a + 3], ith, nth)
+
 # %% book/06_cpu_compute.ipynb #native-run-task
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
     """Task k of the program on thread ith of nth: a compiled kernel, or a call back to Python.
-    Returns 0, or nonzero when the task failed."""
+    Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows that meets an
+    index out of range calls its Python kernel back, which raises the error that names it."""
     kind, a = prog[k, KIND], ARG
     f32 = np.float32
     if kind == TASK_BINARY:
-        B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2, f32), _array(prog, k, 0, f32),
-                        0, 0, 0, ith, nth)
+        if prog[k, STRIDED]:
+            B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32), _strided(prog, k, 2, f32),
+                            _strided(prog, k, 0, f32), 0, 0, 0, ith, nth)
+        else:
+            B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2, f32), _array(prog, k, 0, f32),
+                            0, 0, 0, ith, nth)
     elif kind == TASK_SCALE:
         K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], fp[k, 1], ith, nth)
     elif kind == TASK_RMS_NORM:
@@ -244,8 +388,7 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
         K.norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith, nth)
     elif kind == TASK_MUL_MAT_SRC1:
         if prog[k, a] >= 0:                       # src1 to the vec_dot_type, a share per thread
-            V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, f32), _array(prog, k, 3, np.uint8)[0, 0, 0],
-                                  prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
+            _mul_mat_src1_task(prog, k, ith, nth)
         if ith == 0:
             atomic_store(state, CURRENT_CHUNK, nth)
     elif kind == TASK_MUL_MAT_Q:
@@ -256,14 +399,26 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
                                   prog[k, a + 5], prog[k, a + 6], state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
                                   owner, ith, nth)
     elif kind == TASK_MUL_MAT_F32:
-        V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], _array(prog, k, 1, f32), _array(prog, k, 2, f32),
-                                  _array(prog, k, 0, f32), prog[k, a + 3], prog[k, a + 4], prog[k, a + 5],
-                                  prog[k, a + 6], state[CURRENT_CHUNK:CURRENT_CHUNK + 1], owner, ith, nth)
+        _mul_mat_f_task(prog, k, f32, state, owner, ith, nth)
     elif kind == TASK_MUL_MAT_F16:                # F16 or BF16 weights: uint16 bits on both sides
-        u16 = np.uint16
-        V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], _array(prog, k, 1, u16), _array(prog, k, 2, u16),
-                                  _array(prog, k, 0, f32), prog[k, a + 3], prog[k, a + 4], prog[k, a + 5],
-                                  prog[k, a + 6], state[CURRENT_CHUNK:CURRENT_CHUNK + 1], owner, ith, nth)
+        _mul_mat_f_task(prog, k, np.uint16, state, owner, ith, nth)
+    elif kind == TASK_GET_ROWS:
+        if _get_rows_task(prog, k, ith, nth) >= 0:
+            return _call_python_task(slot, k, ith, nth)
+    elif kind == TASK_SET_ROWS:
+        if _set_rows_task(prog, k, ith, nth) >= 0:
+            return _call_python_task(slot, k, ith, nth)
+    elif kind == TASK_ROPE:
+        _rope_task(prog, fp, k, ith, nth)
+    elif kind == TASK_SOFT_MAX:
+        _soft_max_task(prog, fp, k, ith, nth)
+    elif kind == TASK_GLU:
+        _glu_task(prog, fp, k, ith, nth)
+    elif kind == TASK_COPY:                       # same type, both contiguous: bytes, in blocks
+        C.copy_blocks_kernel(_array(prog, k, 1, np.uint8)[0, 0, 0], _array(prog, k, 0, np.uint8)[0, 0, 0],
+                             prog[k, a], ith, nth)
+    elif kind == TASK_DUP:
+        _dup_task(prog, k, ith, nth)
     else:
         return _call_python_task(slot, k, ith, nth)
     return 0

@@ -95,29 +95,42 @@ def _prepare_unary(node, p):
     return lambda ith, nth: forward_unary(a, d, uop, ith, nth)
 
 
-def _prepare_glu(node, p):
+def glu_args(node, p):
+    """forward_glu's arguments for node, before (ith, nth); the compiled loop's lowering reads
+    them too (as the other *_args below)."""
     a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
     op, swapped = get_glu_op(node), bool(get_op_params_i32(node, 1))
     alpha, limit = get_op_params_f32(node, 2), get_op_params_f32(node, 3)      # SWIGLU_OAI's
-    return lambda ith, nth: forward_glu(a, b, d, op, swapped, alpha, limit, ith, nth)
+    return a, b, d, op, swapped, alpha, limit
+
+
+def _prepare_glu(node, p):
+    args = glu_args(node, p)
+    return lambda ith, nth: forward_glu(*args, ith=ith, nth=nth)
+
+
+def soft_max_args(node, p):
+    a, m, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
+    return a, m, d, get_op_params_f32(node, 0), get_op_params_f32(node, 1)     # scale, max_bias
 
 
 def _prepare_soft_max(node, p):
-    a, m, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
-    scale, max_bias = get_op_params_f32(node, 0), get_op_params_f32(node, 1)
-    return lambda ith, nth: forward_soft_max(a, m, d, scale, max_bias, ith, nth)
+    args = soft_max_args(node, p)
+    return lambda ith, nth: forward_soft_max(*args, ith=ith, nth=nth)
 
 
-def _prepare_rope(node, p):
+def rope_args(node, p):
     a, pos, d, ff = p.view(node.src[0]), p.view(node.src[1]).reshape(-1), p.view(node), p.view(node.src[2])
     n_dims, mode, n_ctx_orig = get_op_params_i32(node, 1), get_op_params_i32(node, 2), get_op_params_i32(node, 4)
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = \
         (get_op_params_f32(node, i) for i in range(5, 11))
+    return (a, pos, d, n_dims, mode, ff, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+            beta_fast, beta_slow)
 
-    def run(ith, nth):
-        forward_rope(a, pos, d, n_dims, mode, ff, n_ctx_orig, freq_base, freq_scale, ext_factor,
-                       attn_factor, beta_fast, beta_slow, ith, nth)
-    return run
+
+def _prepare_rope(node, p):
+    args = rope_args(node, p)
+    return lambda ith, nth: forward_rope(*args, ith=ith, nth=nth)
 
 
 def _prepare_diag_mask_inf(node, p):
