@@ -667,3 +667,44 @@ def test_prompt_and_decode_steps_never_call_back_into_python(name):
         assert (rows == P.TASK_PYTHON).sum() == 0, (what, name)
         assert sum(n.python_calls for n in natives) == 0, (what, name)
         assert (rows == P.TASK_SOFT_MAX).sum() == (rows == P.TASK_ROPE).sum() // 2 == m.hparams.n_layer
+
+
+def _buft_names(m):
+    from ggml_lite.backend_buffer import backend_buffer_get_type, backend_buft_name
+    return {n: backend_buft_name(backend_buffer_get_type(t.buffer)) for n, t in m.weights.items()}
+
+
+def test_weights_placed_as_llama_cpp_does():
+    """select_weight_buft: Q4_0 matrices in CPU_REPACK; token_embd (get_rows) and the norms (mul)
+    in plain CPU memory; a Q8_0 file (no repacked layout on x86) all plain; and Q4_0's logits are
+    then llama.cpp's (which repacks Q4_0 on x86 too), bit for bit."""
+    from ggml_lite.backends.cpu import repack
+    if not repack._HAS_AVX2:
+        pytest.skip("CPU_REPACK takes Q4_0 only where numba targets AVX2 (ggml_cpu_has_avx2)")
+    where = _buft_names(model("q4_0"))
+    plain = {n for n, b in where.items() if b == "CPU"}
+    assert plain == {"token_embd.weight", "output_norm.weight"} | {f"blk.{i}.{k}_norm.weight"
+                                                                     for i in range(2) for k in ("attn", "ffn")}
+    assert set(where.values()) == {"CPU", "CPU_REPACK"}
+    assert set(_buft_names(model("q8_0")).values()) == {"CPU"}
+    info = META["models"]["q4_0"]
+    logits = model("q4_0").eval(info["prompt_tokens"])
+    assert max(nmse(logits[i], REF["q4_0_prompt"][i]) for i in range(len(logits))) == 0.0
+
+
+def test_weight_buft_supported_asks_the_device():
+    import ggml_lite as ggml
+    from ggml_lite.llama import buft as B
+    dev = ggml.backend_reg_dev_get(ggml.backend_cpu_reg(), 0)
+    from ggml_lite.backends.cpu import repack
+    rp = repack.backend_cpu_repack_buffer_type()
+    ctx = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
+    q4 = ggml.new_tensor_2d(ctx, Type.Q4_0, 64, 16)
+    odd = ggml.new_tensor_2d(ctx, Type.Q4_0, 64, 12)            # ne[1] % 8 != 0: no repacked layout
+    assert B.make_buft_list(dev) == [rp, ggml.backend_dev_buffer_type(dev)]
+    assert B.weight_buft_supported(q4, B.Op.MUL_MAT, rp, dev) == repack._HAS_AVX2
+    assert q4.buffer is None                                   # the dummy buffer is gone again
+    assert not B.weight_buft_supported(q4, B.Op.GET_ROWS, rp, dev)
+    assert not B.weight_buft_supported(odd, B.Op.MUL_MAT, rp, dev)
+    assert B.select_weight_buft(odd, B.Op.MUL_MAT, dev) is ggml.backend_dev_buffer_type(dev)
+    assert B.llama_weight_op("blk.3.ffn_down.weight") == B.Op.MUL_MAT and B.llama_weight_op("token_embd.weight") == B.Op.GET_ROWS

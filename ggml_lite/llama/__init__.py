@@ -17,6 +17,7 @@ from ggml_lite.backend import (BackendBufferUsage, backend_alloc_ctx_tensors_fro
                                backend_get_default_buffer_type, backend_name, backend_tensor_get,
                                backend_tensor_set)
 from ggml_lite.backends.cpu.backend import backend_cpu_init, backend_cpu_set_n_threads, backend_is_cpu
+from ggml_lite.context import free
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import build_forward_expand, graph_overhead_custom, new_graph_custom
 from ggml_lite.sched import (backend_sched_alloc_graph, backend_sched_get_buffer_size, backend_sched_get_n_splits,
@@ -30,6 +31,7 @@ from ggml_lite.types import Type, row_size, type_name, type_size
 
 # the chapter's other modules; LlamaHParams, Vocab, load_vocab and write_llama_gguf are also
 # reached as ggml_lite.llama.<name>
+from ggml_lite.llama.buft import llama_weight_buft
 from ggml_lite.llama.file import (LLAMA_INT, LLAMA_STR, LlamaHParams, llama_check_tensor, llama_check_tensor_names,
                                   llama_key, llama_open, llama_positive, llama_read_hparams)
 from ggml_lite.llama.vocab import Vocab, llama_read_vocab, load_vocab
@@ -58,23 +60,32 @@ def _placement(n_layer, backends, layers_on):
     return [backends[int(i)] for i in layers_on]
 
 
-def _alloc_weights(named, where):
-    """Tensors (name -> (backend, type, ne)) in one no_alloc context per backend, each context's
-    tensors in one buffer of that backend's type: {name: tensor}, [(ctx, buffer)]."""
+def _alloc_weights(named, where, choose_buft=None):
+    """Tensors (name -> (backend, type, ne)) in one no_alloc context per backend and buffer type,
+    each context's tensors in one buffer of that type: the backend's default one, or for the
+    model's weights choose_buft(tensor, name, backend) (llama_weight_buft, below):
+    {name: tensor}, [(ctx, buffer)]."""
+    meta = init(mem_size=tensor_overhead() * (len(named) + 1), no_alloc=True)
     groups = {}
     for name, (backend, t, ne) in named.items():
-        groups.setdefault(id(backend), (backend, []))[1].append((name, t, ne))
+        buft = backend_get_default_buffer_type(backend)
+        if choose_buft is not None:
+            x = new_tensor_1d(meta, t, *ne) if len(ne) == 1 else new_tensor_2d(meta, t, *ne)
+            set_name(x, name)
+            buft = choose_buft(x, name, backend)
+        groups.setdefault((id(backend), id(buft)), (backend, buft, []))[2].append((name, t, ne))
     tensors, owned = {}, []
-    for backend, items in groups.values():
+    for backend, buft, items in groups.values():
         ctx = init(mem_size=tensor_overhead() * (len(items) + 1), no_alloc=True)
         for name, t, ne in items:
             x = (new_tensor_1d(ctx, t, *ne) if len(ne) == 1 else new_tensor_2d(ctx, t, *ne))
             set_name(x, name)
             tensors[name] = x
-        buf = backend_alloc_ctx_tensors_from_buft(ctx, backend_get_default_buffer_type(backend))
+        buf = backend_alloc_ctx_tensors_from_buft(ctx, buft)
         if buf is None:
             raise GGMLError(f"llama: could not allocate the {where} buffer on {backend_name(backend)}")
         owned.append((ctx, buf))
+    free(meta)
     return tensors, owned
 
 # %% book/12_llama.ipynb #llama-progress
@@ -481,7 +492,7 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     llama_check_tensor_names({rt.name for rt in reader.tensors}, hp)    # before anything is sized by n_layer
     layers = [_Layer(b) for b in _placement(hp.n_layer, backends, layers_on)]
     named, records = _weight_plan(reader, hp, backends, layers)
-    weights, owned = _alloc_weights(named, "weights")
+    weights, owned = _alloc_weights(named, "weights", llama_weight_buft)
     for _, buf in owned:
         backend_buffer_set_usage(buf, BackendBufferUsage.WEIGHTS)
     for name in _progress(named, "llama: loading", progress):

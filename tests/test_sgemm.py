@@ -1,0 +1,99 @@
+"""llamafile's sgemm (tinyBLAS) as ggml-cpu calls it, chapter 05: ggml_lite.backends.cpu.sgemm.
+ggml-python's build has GGML_LLAMAFILE off, so no fixture of ggml's sgemm bits: numpy references
+(far inside test-backend-ops' mul_mat limit), ggml's decline rules, and the arithmetic order (each output
+one 8-lane fma dot, then hsum) checked against a scalar model of it, bit for bit."""
+import numpy as np
+import pytest
+
+from ggml_lite.backends.cpu import sgemm as S
+from ggml_lite.backends.cpu.vec import forward_mul_mat
+from ggml_lite.types import Type
+
+
+def _nmse(a, b):
+    return float(((a.astype(np.float64) - b) ** 2).sum() / (b.astype(np.float64) ** 2).sum())
+
+
+def _operands(rng, m, n, k, planes=(1, 1), bplanes=None):
+    bplanes = bplanes or planes
+    a = rng.standard_normal((*planes, m, k)).astype(np.float32)
+    b = rng.standard_normal((*bplanes, n, k)).astype(np.float32)
+    return a, b
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.F16])
+@pytest.mark.parametrize("m,n,k", [(64, 5, 32), (32, 7, 64), (48, 2, 16), (128, 64, 256), (12, 9, 40), (20, 4, 32)])
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_against_numpy_within_mul_mat_limit(t, m, n, k, nth):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a, b = _operands(rng, m, n, k)
+    w = a if t == Type.F32 else a.astype(np.float16).view(np.uint16)
+    d = np.full((1, 1, n, m), np.nan, np.float32)
+    assert S.forward_mul_mat_sgemm(t, w, b, d, nth=nth)
+    x, y = (a, b) if t == Type.F32 else (a.astype(np.float16), b.astype(np.float16))
+    assert _nmse(d[0, 0], y[0, 0].astype(np.float64) @ x[0, 0].astype(np.float64).T) < 1e-10      # far inside mul_mat's 5e-4
+
+
+def test_broadcast_planes_like_mul_mat():
+    rng = np.random.default_rng(3)
+    a, b = _operands(rng, 32, 6, 64, planes=(1, 2), bplanes=(3, 4))
+    d = np.empty((3, 4, 6, 32), np.float32)
+    assert S.forward_mul_mat_sgemm(Type.F32, a, b, d)
+    for i13 in range(3):
+        for i12 in range(4):
+            ref = b[i13, i12].astype(np.float64) @ a[0, i12 // 2].astype(np.float64).T
+            assert _nmse(d[i13, i12], ref) < 1e-12
+
+
+@pytest.mark.parametrize("m,n,k,nth,want", [
+    (16, 1, 32, 1, None),          # one column: decode stays with the dot products
+    (18, 4, 32, 1, None),          # m % 4 != 0
+    (16, 4, 30, 1, None),          # k % 8 != 0
+    (64, 4, 32, 4, (2, 4)),        # m / 16 >= nth: bm = 4; BLOCK_SIZE<3>(4) = 2
+    (64, 4, 32, 5, (2, 2)),        # m / 16 < nth, m % 8 == 0: bm = 2
+    (20, 7, 32, 1, (3, 1)),        # m % 4 == 0 only: bm = 1
+    (32, 2, 32, 1, (2, 4)),
+])
+def test_plan_is_llamafiles(m, n, k, nth, want):
+    assert S.llamafile_sgemm_plan(m, n, k, nth, Type.F32, Type.F32) == want
+
+
+def test_declines_other_types_and_leaves_dst_alone():
+    for pair in ((Type.F16, Type.F32), (Type.F32, Type.F16), (Type.Q8_0, Type.Q8_0), (Type.BF16, Type.BF16)):
+        assert S.llamafile_sgemm_plan(64, 4, 32, 1, *pair) is None
+    assert S.llamafile_sgemm_plan(64, 4, 32, 1, Type.F32, Type.F32, Type.F16) is None
+    rng = np.random.default_rng(1)
+    a, b = _operands(rng, 16, 1, 32)
+    d = np.full((1, 1, 1, 16), np.nan, np.float32)
+    assert not S.forward_mul_mat_sgemm(Type.F32, a, b, d)
+    assert np.isnan(d).all()
+
+
+def _model_dot(x, y):
+    """One output as tinyBLAS's AVX2 build adds it: lane t sums x[l] * y[l] for l = t mod 8 by
+    fma (float64 product + add, exact before the one rounding for these small-exponent inputs),
+    then the lanes in halves: (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then 0+1."""
+    lanes = np.zeros(8, np.float32)
+    for l in range(0, len(x), 8):
+        lanes = (x[l:l + 8].astype(np.float64) * y[l:l + 8] + lanes).astype(np.float32)
+    h = (lanes[:4] + lanes[4:]).astype(np.float32)
+    h = (h[:2] + h[2:]).astype(np.float32)
+    return np.float32(h[0] + h[1])
+
+
+def test_each_output_in_ggmls_order_bit_for_bit():
+    """Inputs on a grid of 2^-6 with |x| < 4: every product and partial sum is exact in float32
+    and float64 alike, except where the sum outgrows 24 bits; so the model's fma is exact too,
+    and any other order of additions could still only differ by rounding of large sums: use
+    values whose sums do round (k large) to make the order visible."""
+    rng = np.random.default_rng(11)
+    m, n, k = 12, 5, 1024
+    a = (rng.integers(-255, 256, (1, 1, m, k)) / 64).astype(np.float32) * np.float32(1.0001)
+    b = (rng.integers(-255, 256, (1, 1, n, k)) / 64).astype(np.float32) * np.float32(0.9999)
+    d = np.empty((1, 1, n, m), np.float32)
+    assert S.forward_mul_mat_sgemm(Type.F32, a, b, d, nth=2)
+    want = np.array([[_model_dot(a[0, 0, i], b[0, 0, j]) for i in range(m)] for j in range(n)], np.float32)
+    assert np.array_equal(d[0, 0], want)
+    plain = np.empty_like(d)
+    forward_mul_mat(Type.F32, a, b, plain)
+    assert not np.array_equal(plain, d)      # the chunk loop's order differs: the test can tell them apart
