@@ -741,3 +741,12 @@ def test_bpe_model_tokenizer_matches_llama_cpp(key):
         else:
             got = v.detokenize(c["ids_special"], unparse_special=key == "detok_special")
         assert got == c[key], c["text"]
+
+
+def test_writer_refuses_more_tokens_than_the_vocabulary(tmp_path):
+    vocab = llama.load_vocab(DATA / "llama_vocab_spm.gguf")
+    hp = llama.LlamaHParams(n_vocab=vocab.n_tokens + 1, n_ctx_train=64, n_embd=32, n_layer=1, n_ff=64, n_head=2,
+                            n_head_kv=1, n_rot=16, f_norm_rms_eps=1e-5)
+    with pytest.raises(GGMLError, match="n_vocab = 32001, but the vocabulary has 32000 tokens"):
+        llama.write_llama_gguf(tmp_path / "x.gguf", hp, vocab)
+    assert not (tmp_path / "x.gguf").exists()

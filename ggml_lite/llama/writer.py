@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from ggml_lite.core import GGMLError
 from ggml_lite.llama.vocab import BPEVocab
 from ggml_lite.types import Type, type_name
 
@@ -49,6 +50,8 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, o
     frequencies, as Llama 3's rope scaling stores them) when given."""
     import gguf
     hp, rng = hparams, np.random.default_rng(seed)
+    if hp.n_vocab > vocab.n_tokens:
+        raise GGMLError(f"llama: n_vocab = {hp.n_vocab}, but the vocabulary has {vocab.n_tokens} tokens")
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"ggml_lite random llama {type_name(wtype)}")
     w.add_context_length(hp.n_ctx_train)

@@ -22,8 +22,8 @@ Two halves, one file (as llama_ref.py):
    strings with the cut vocabulary. Writes tests/data/llama_bpe_ref.npz and llama_bpe_ref.json.
 
 llama.cpp runs as in llama_ref.py: CPU, flash attention off, F16 KV cache, one thread; an AMX build
-is refused. Q8_0 weights are compared bit for bit in the book: llama.cpp on an AVX-512 CPU may
-repack Q4_0 and Q4_K weights into interleaved blocks with kernels of their own, not Q8_0.
+is refused. The weights are Q8_0, whose products ggml_lite gives bit for bit (llama.cpp on an
+AVX-512 CPU repacks Q4_0 and Q4_K weights into interleaved blocks with kernels of their own).
 """
 import argparse
 import json
