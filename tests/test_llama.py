@@ -708,3 +708,86 @@ def test_weight_buft_supported_asks_the_device():
     assert not B.weight_buft_supported(odd, B.Op.MUL_MAT, rp, dev)
     assert B.select_weight_buft(odd, B.Op.MUL_MAT, dev) is ggml.backend_dev_buffer_type(dev)
     assert B.llama_weight_op("blk.3.ffn_down.weight") == B.Op.MUL_MAT and B.llama_weight_op("token_embd.weight") == B.Op.GET_ROWS
+
+
+# --- a model with a BPE vocabulary: Llama 3's, cut to 1024 tokens (tests/ggml_ref/llama_bpe_ref.py) ---
+
+BPE_REF = np.load(DATA / "llama_bpe_ref.npz")
+BPE_META = json.loads((DATA / "llama_bpe_ref.json").read_text(encoding="utf-8"))
+
+
+def bpe_model():
+    return llama.load(DATA / "llama_bpe_q8_0.gguf", n_ctx=BPE_META["n_ctx"], n_threads=2, progress=False)
+
+
+def test_bpe_model_file_is_llama_3_shaped():
+    """What the writer put in the file: a "gpt2" vocabulary with Llama 3's pre-tokenizer, BOS and EOS
+    renumbered behind the 1022 kept tokens, merges that only make kept tokens, GQA, rope_freqs."""
+    r = gguf.GGUFReader(str(DATA / "llama_bpe_q8_0.gguf"))
+    s = lambda k: r.fields[k].contents()
+    assert (s("tokenizer.ggml.model"), s("tokenizer.ggml.pre")) == ("gpt2", "llama-bpe")
+    assert (s("tokenizer.ggml.bos_token_id"), s("tokenizer.ggml.eos_token_id")) == (1022, 1023)
+    assert s("tokenizer.ggml.add_bos_token") is True and "tokenizer.ggml.scores" not in r.fields
+    tokens = s("tokenizer.ggml.tokens")
+    assert len(tokens) == 1024 and tokens[1022:] == ["<|begin_of_text|>", "<|end_of_text|>"]
+    assert s("tokenizer.ggml.token_type")[1020:] == [1, 1, 3, 3]
+    merges = s("tokenizer.ggml.merges")
+    kept = set(tokens)
+    assert len(merges) > 1000 and all(a in kept and b in kept and a + b in kept for a, b in (m.split(" ", 1) for m in merges))
+    assert (s("llama.attention.head_count"), s("llama.attention.head_count_kv")) == (4, 2)
+    freqs = {t.name: t for t in r.tensors}["rope_freqs.weight"]
+    assert freqs.tensor_type == gguf.GGMLQuantizationType.F32 and list(freqs.shape) == [8]
+    assert {t.tensor_type.name for t in r.tensors if len(t.shape) == 2} == {"Q8_0"}
+
+
+def test_bpe_model_logits_and_greedy_tokens_match_llama_cpp():
+    m = bpe_model()
+    assert (m.vocab.bos, m.vocab.eos, m.hparams.n_vocab) == (BPE_META["bos"], BPE_META["eos"], BPE_META["n_vocab"])
+    tokens = m.tokenize(BPE_META["prompt"])
+    assert tokens == BPE_META["prompt_tokens"] and tokens[0] == 1022
+    logits = m.eval(tokens)
+    errs = [nmse(logits[i], BPE_REF["prompt"][i]) for i in range(len(tokens))]
+    assert max(errs) <= 5e-4, errs                               # Q8_0 weights: mul_mat's limit
+    for step, tok in enumerate(BPE_META["greedy"][:12]):
+        assert nmse(m.eval([tok], n_past=len(tokens) + step)[0], BPE_REF["steps"][step]) <= 5e-4, step
+    out = bpe_model().generate(tokens, 32, stop_at_eos=False)
+    assert out == BPE_META["greedy"]
+    assert m.detokenize(out) == BPE_META["greedy_text"]
+
+
+def test_bpe_model_rope_freqs_count():
+    """The file's rope_freqs.weight divides most rotation frequencies by 8: without it the logits
+    are far from llama.cpp's, so the test above sees it."""
+    m = bpe_model()
+    assert m.rope_freqs is not None
+    m.rope_freqs = None
+    logits = m.eval(BPE_META["prompt_tokens"])
+    assert max(nmse(a, b) for a, b in zip(logits, BPE_REF["prompt"])) > 1e-2
+
+
+@pytest.mark.parametrize("key", ["ids", "ids_bos", "ids_special", "detok", "detok_special"])
+def test_bpe_model_tokenizer_matches_llama_cpp(key):
+    """llama-bpe's test strings and llama_ref.py's, through the cut vocabulary: the pieces whose
+    merges were cut away fall back to smaller tokens, exactly as in llama.cpp."""
+    v = llama.load_vocab(DATA / "llama_bpe_q8_0.gguf")
+    cases = BPE_META["tokenizer"]
+    assert len(cases) >= 80
+    for c in cases:
+        if key == "ids":
+            got = v.tokenize(c["text"], add_special=False)
+        elif key == "ids_bos":
+            got = v.tokenize(c["text"])
+        elif key == "ids_special":
+            got = v.tokenize(c["text"], parse_special=True)
+        else:
+            got = v.detokenize(c["ids_special"], unparse_special=key == "detok_special")
+        assert got == c[key], c["text"]
+
+
+def test_writer_refuses_more_tokens_than_the_vocabulary(tmp_path):
+    vocab = llama.load_vocab(DATA / "llama_vocab_spm.gguf")
+    hp = llama.LlamaHParams(n_vocab=vocab.n_tokens + 1, n_ctx_train=64, n_embd=32, n_layer=1, n_ff=64, n_head=2,
+                            n_head_kv=1, n_rot=16, f_norm_rms_eps=1e-5)
+    with pytest.raises(GGMLError, match="n_vocab = 32001, but the vocabulary has 32000 tokens"):
+        llama.write_llama_gguf(tmp_path / "x.gguf", hp, vocab)
+    assert not (tmp_path / "x.gguf").exists()

@@ -17,6 +17,7 @@ from ggml_lite.llama import vocab_bpe  # noqa: E402
 from ggml_lite.llama.vocab import BPEVocab  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent / "ggml_ref"))
+import llama_bpe_ref  # noqa: E402
 import llama_vocab_files  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -80,6 +81,19 @@ def test_bpe_special_tokens_and_bos(vocab_files):
     assert v.detokenize([128000, 9906]) == "Hello"
     g = vocab(vocab_files, "gpt-2")                          # no add_bos_token key: no BOS
     assert g.tokenize("Hello") == g.tokenize("Hello", add_special=False) == [15496]
+
+
+def test_bpe_model_fixture_is_the_writers(vocab_files, tmp_path):
+    """tests/data/llama_bpe_q8_0.gguf (llama.cpp's logits of it: tests/test_llama.py) is exactly what
+    write_llama_gguf makes of llama-bpe's vocabulary cut to 1024 tokens, with llama_bpe_ref.py's settings."""
+    llama_bpe_ref.write_model(tmp_path, vocab_files / "ggml-vocab-llama-bpe.gguf")
+    assert (tmp_path / "llama_bpe_q8_0.gguf").read_bytes() == (DATA / "llama_bpe_q8_0.gguf").read_bytes()
+    cut = llama.load_vocab(tmp_path / "llama_bpe_q8_0.gguf")
+    full = vocab(vocab_files, "llama-bpe")
+    assert cut.tokens[:1022] == full.tokens[:1022] and cut.tokens[1022:] == [full.tokens[full.bos], full.tokens[full.eos]]
+    assert cut.tokenize(" the", add_special=False) == full.tokenize(" the", add_special=False) == [279]
+    ids = cut.tokenize("Hello world")                       # 'Hello' (9906) and ' world' (1917) were cut away
+    assert ids[0] == 1022 and len(ids) > 3 and max(ids[1:]) < 1022 and cut.detokenize(ids) == "Hello world"
 
 
 # --- no downloads needed below ------------------------------------------------------------------

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from ggml_lite.core import GGMLError
+from ggml_lite.llama.vocab import BPEVocab
 from ggml_lite.types import Type, type_name
 
 # %% book/12_llama.ipynb #llama-random
@@ -41,11 +43,15 @@ def _random_weights(hp, rng, tied):
     return w
 
 # %% book/12_llama.ipynb #llama-writer
-def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, out_type=None):
+def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, out_type=None, rope_freqs=None):
     """A llama GGUF file with seeded random weights: 2-D weights in wtype (the output head in
-    out_type, default wtype), norms in F32, the SPM vocab (a Vocab, its first n_vocab tokens)."""
+    out_type, default wtype), norms in F32, the vocabulary cut to n_vocab tokens (an SPM Vocab: its
+    first n_vocab; a BPEVocab: see _bpe_cut), and rope_freqs (n_rot/2 divisors of the rotation
+    frequencies, as Llama 3's rope scaling stores them) when given."""
     import gguf
     hp, rng = hparams, np.random.default_rng(seed)
+    if hp.n_vocab > vocab.n_tokens:
+        raise GGMLError(f"llama: n_vocab = {hp.n_vocab}, but the vocabulary has {vocab.n_tokens} tokens")
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"ggml_lite random llama {type_name(wtype)}")
     w.add_context_length(hp.n_ctx_train)
@@ -58,15 +64,11 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, o
     w.add_rope_freq_base(hp.rope_freq_base)
     w.add_layer_norm_rms_eps(hp.f_norm_rms_eps)
     w.add_vocab_size(hp.n_vocab)
-    w.add_tokenizer_model("llama")
-    n = hp.n_vocab
-    w.add_token_list(vocab.tokens[:n])
-    w.add_token_scores(vocab.scores[:n])
-    w.add_token_types(vocab.types[:n])
-    w.add_bos_token_id(vocab.bos)
-    w.add_eos_token_id(vocab.eos)
-    w.add_unk_token_id(vocab.unk)
-    for name, x in _random_weights(hp, rng, tied).items():
+    _write_vocab(w, vocab, hp.n_vocab)
+    weights = _random_weights(hp, rng, tied)
+    if rope_freqs is not None:
+        weights["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32).reshape(hp.n_rot // 2)
+    for name, x in weights.items():
         t = Type.F32 if x.ndim == 1 else (out_type or wtype) if name == "output.weight" else wtype
         data = _quantize_bytes(x, t)
         w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(int(t)) if data.dtype == np.uint8 else None)
@@ -74,3 +76,45 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, o
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+# %% book/12_llama.ipynb #llama-writer-vocab
+def _bpe_cut(vocab, n):
+    """A BPE vocabulary cut to n tokens: (token ids kept, merge rules). Its first tokens, then BOS and
+    EOS where they lie beyond (Llama 3's sit at 128000): renumbered, so the file's ids are the
+    positions in this list. A merge rule stays only if both its parts and its result are kept tokens,
+    so no rule makes a piece that is not a token; byte-level vocabularies put their 256 byte
+    characters first, so every text still tokenizes."""
+    extra = [i for i in dict.fromkeys((vocab.bos, vocab.eos)) if i is not None]
+    for _ in range(2):                                   # BOS or EOS inside the head need no slot
+        extra = [i for i in extra if i >= n - len(extra)]
+    ids = list(range(min(n, vocab.n_tokens) - len(extra))) + extra
+    kept = {vocab.tokens[i].decode("utf-8", "surrogateescape") for i in ids}
+    merges = [f"{a} {b}" for (a, b), _ in sorted(vocab.ranks.items(), key=lambda kv: kv[1])
+              if a in kept and b in kept and a + b in kept]
+    return ids, merges
+
+
+def _write_vocab(w, vocab, n):
+    """The tokenizer.ggml.* keys llama.cpp's llama_vocab::load reads: SPM ("llama": tokens, scores,
+    types, BOS/EOS/UNK) or BPE ("gpt2": tokens, types, merges, the pre-tokenizer, BOS/EOS, add_bos)."""
+    if not isinstance(vocab, BPEVocab):
+        w.add_tokenizer_model("llama")
+        w.add_token_list(vocab.tokens[:n])
+        w.add_token_scores(vocab.scores[:n])
+        w.add_token_types(vocab.types[:n])
+        w.add_bos_token_id(vocab.bos)
+        w.add_eos_token_id(vocab.eos)
+        w.add_unk_token_id(vocab.unk)
+        return
+    ids, merges = _bpe_cut(vocab, n)
+    new_id = {old: new for new, old in enumerate(ids)}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(vocab.pre.name)
+    w.add_token_list([vocab.tokens[i] for i in ids])
+    w.add_token_types([vocab.types[i] for i in ids])
+    w.add_token_merges(merges)
+    for key, tid in (("bos", vocab.bos), ("eos", vocab.eos)):
+        if tid is not None:
+            w.add_uint32(f"tokenizer.ggml.{key}_token_id", new_id[tid])
+    w.add_add_bos_token(bool(vocab.add_bos))
+    w.add_add_eos_token(bool(vocab.add_eos))
