@@ -12,8 +12,8 @@ from ggml_lite.backend_impl import BackendDevType
 from ggml_lite.backends.cpu.backend import backend_is_cpu
 from ggml_lite.context import free, init
 from ggml_lite.core import GGMLError
-from ggml_lite.ops import Op, get_rows, mul, mul_mat
-from ggml_lite.tensor import new_tensor_1d, new_tensor_4d, tensor_overhead
+from ggml_lite.ops import Op, get_rows, mul, mul_mat, rope_ext
+from ggml_lite.tensor import new_tensor_1d, new_tensor_3d, new_tensor_4d, tensor_overhead
 from ggml_lite.types import Type
 
 # LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (the output head, tied or
@@ -21,7 +21,7 @@ from ggml_lite.types import Type
 LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL, "output": Op.MUL_MAT,
                     "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT, "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT,
                     "attn_output": Op.MUL_MAT, "ffn_norm": Op.MUL, "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
-                    "ffn_down": Op.MUL_MAT}
+                    "ffn_down": Op.MUL_MAT, "rope_freqs": Op.ROPE}
 
 
 def llama_weight_op(name):
@@ -52,6 +52,10 @@ def weight_buft_supported(w, op, buft, dev):
             node = mul_mat(ctx, w, new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]))
         elif op == Op.MUL:
             node = mul(ctx, new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]), w)
+        elif op == Op.ROPE:      # llama.cpp: a [n_embd_head, n_head, 512] and n_dims 0, which ggml_lite's
+            n_dims = 2 * w.ne[0]  # CPU refuses (no rotation): one head of the dims rope_freqs scales
+            a = new_tensor_3d(ctx, Type.F32, n_dims, 1, 512)
+            node = rope_ext(ctx, a, new_tensor_1d(ctx, Type.I32, 512), w, n_dims, 0, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
         else:
             raise GGMLError(f"weight_buft_supported: missing test for op {op.name} for tensor {w.name}")
         if w.buffer is not None:
