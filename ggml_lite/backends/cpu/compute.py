@@ -247,10 +247,18 @@ def _lower_dup(node, p, nth):
     return None                                      # the quantized copies: called back
 
 # %% book/06_cpu_compute.ipynb #native-lower-mul-mat
+def mul_mat_src1_row(vdt, convert, d, a, b, w4):
+    """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer (w4) when
+    convert, then the chunk counter set to the thread count (also used by 07c's repacked kernel)."""
+    return (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, row_size(vdt, b.shape[3]), blck_size(vdt),
+                                  type_size(vdt)], (d, a, b, w4), ())
+
+
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
-    if cpu_kernel(node) is not CPU_KERNELS[Op.MUL_MAT]:
-        return None                                  # an extra buffer type's kernel (07c): called back
+    kernel = cpu_kernel(node)
+    if kernel is not CPU_KERNELS[Op.MUL_MAT]:        # an extra buffer type's kernel (07c): its own rows,
+        return kernel.lower(node, p, nth) if kernel.lower is not None else None    # or called back
     t, src1 = node.src[0].type, node.src[1]
     a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
     if a.dtype == np.float16:
@@ -263,8 +271,7 @@ def _lower_mul_mat(node, p, nth):
     w4 = w.reshape(1, 1, 1, -1)
     n, rs = b.shape[3], row_size(vdt, b.shape[3])
     chunks = V.mul_mat_chunks(d.shape[3], d.shape[0] * d.shape[1] * d.shape[2], nth)
-    src1_task = (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, rs, blck_size(vdt), type_size(vdt)],
-                 (d, a, b, w4), ())
+    src1_task = mul_mat_src1_row(vdt, convert, d, a, b, w4)
     if is_quantized(t):
         kind, y = P.TASK_MUL_MAT_Q, b
     elif t == Type.F32:

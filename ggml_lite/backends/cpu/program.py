@@ -162,7 +162,7 @@ N_FPARAMS = 8                      # float32 op params per task, in a second arr
 
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
  TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16,
- TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP) = range(16)
+ TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP, TASK_EXTRA) = range(17)
 
 # How a slot's elements are stored, for the kinds that take several: float32, the bits of
 # F16/BF16, the bytes of quantized blocks, int32, int64.
@@ -208,6 +208,9 @@ def _strided(prog, k, s, dtype):
     o = SLOT + 9 * s
     return make_strided_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
                              (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]), dtype)
+
+
+slot_view = _array         # (public: an extra buffer type's compiled task reads its slots with it, 07c)
 
 
 def set_slot(row, s, arr):
@@ -366,6 +369,26 @@ def _mul_mat_src1_task(prog, k, ith, nth):
                               prog[k, a + 3], ith, nth)
 
 # %% book/06_cpu_compute.ipynb #native-run-task
+_I64 = ir.IntType(64)
+
+
+@intrinsic
+def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
+    """The C call fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a
+    numba cfunc: an extra buffer type's task (TASK_EXTRA, chapter 07c), which this module cannot
+    import. ggml's compute_forward calls an extra buffer type's kernel through a pointer too
+    (tensor_traits->compute_forward), and this loop's cached machine code holds only the call."""
+    args = (fn, prog_addr, rows, k, state_addr, ith, nth)
+    if not all(isinstance(x, types.Integer) for x in args):
+        return None
+
+    def codegen(context, builder, sig, vals):
+        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals, sig.args)]
+        f = builder.inttoptr(vals[0], ir.FunctionType(_I64, [_I64] * 6).as_pointer())
+        return builder.call(f, vals[1:])
+    return types.int64(*args), codegen
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
     """Task k of the program on thread ith of nth: a compiled kernel, or a call back to Python.
@@ -419,6 +442,8 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
                              prog[k, a], ith, nth)
     elif kind == TASK_DUP:
         _dup_task(prog, k, ith, nth)
+    elif kind == TASK_EXTRA:                      # ARG: the task's function, then its own integers
+        return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k, state.ctypes.data, ith, nth)
     else:
         return _call_python_task(slot, k, ith, nth)
     return 0

@@ -329,7 +329,10 @@ class CpuKernel:
     n_tasks(node, n_threads) -> ggml_get_n_tasks' count (it sizes the work buffer);
     work_size(node, n_tasks) -> bytes of scratch (ggml_graph_plan's `cur`);
     supports(node) -> None when the kernel computes this node's types and layouts, else why not;
-    types: what supports accepts, in words."""
+    types: what supports accepts, in words;
+    lower(node, p, nth) -> the node's rows of the compiled loop's program, or None (a call back
+    into Python): set by the kernels of extra buffer types (chapter 07c); the table's own ops
+    are lowered by the compute loop itself."""
     op: Op
     kind: object
     prepare: Callable
@@ -337,6 +340,7 @@ class CpuKernel:
     work_size: Callable
     supports: Callable
     types: str
+    lower: Callable = None
 
 
 def _all(node, n_threads):
