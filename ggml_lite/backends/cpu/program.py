@@ -26,7 +26,7 @@ def _drop_stale_cache():
     (Only the cache in __pycache__ next to the module is looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
     deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py", "vec.py", "simd.py",
-                                          "cpy.py", "unary_ops.py")]
+                                          "cpy.py", "unary_ops.py", "sgemm.py")]
     deps.append(here.parents[1] / "types.py")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
     cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
@@ -49,6 +49,7 @@ _drop_stale_cache()
 from ggml_lite.backends.cpu import binary_ops as B  # noqa: E402
 from ggml_lite.backends.cpu import cpy as C  # noqa: E402
 from ggml_lite.backends.cpu import ops as K  # noqa: E402
+from ggml_lite.backends.cpu import sgemm as S  # noqa: E402
 from ggml_lite.backends.cpu import unary_ops as U  # noqa: E402
 from ggml_lite.backends.cpu import vec as V  # noqa: E402
 
@@ -162,7 +163,8 @@ N_FPARAMS = 8                      # float32 op params per task, in a second arr
 
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
  TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16,
- TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP, TASK_EXTRA) = range(17)
+ TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP, TASK_EXTRA,
+ TASK_SGEMM) = range(18)
 
 # How a slot's elements are stored, for the kinds that take several: float32, the bits of
 # F16/BF16, the bytes of quantized blocks, int32, int64.
@@ -359,6 +361,15 @@ def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _sgemm_task(prog, k, dt, state, ith, nth):
+    """Slots: flat C, A, B and the int64 strides of S.gemm_planes; ARG: m, n, k, rn, bm, storage."""
+    a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
+    S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0], _array(prog, k, 0, np.float32)[0, 0, 0],
+                  _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3],
+                  prog[k, a + 4], c, ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _mul_mat_src1_task(prog, k, ith, nth):
     a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
     if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
@@ -369,24 +380,15 @@ def _mul_mat_src1_task(prog, k, ith, nth):
                               prog[k, a + 3], ith, nth)
 
 # %% book/06_cpu_compute.ipynb #native-run-task
-_I64 = ir.IntType(64)
-
-
 @intrinsic
 def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
-    """The C call fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a
-    numba cfunc: an extra buffer type's task (TASK_EXTRA, chapter 07c), which this module cannot
-    import. ggml's compute_forward calls an extra buffer type's kernel through a pointer too
-    (tensor_traits->compute_forward), and this loop's cached machine code holds only the call."""
-    args = (fn, prog_addr, rows, k, state_addr, ith, nth)
-    if not all(isinstance(x, types.Integer) for x in args):
-        return None
-
+    """fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a numba cfunc: an extra
+    buffer type's task (chapter 07c), called through a pointer as ggml calls tensor_traits->compute_forward."""
     def codegen(context, builder, sig, vals):
         vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals, sig.args)]
-        f = builder.inttoptr(vals[0], ir.FunctionType(_I64, [_I64] * 6).as_pointer())
+        f = builder.inttoptr(vals[0], ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6).as_pointer())
         return builder.call(f, vals[1:])
-    return types.int64(*args), codegen
+    return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), codegen
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -442,6 +444,11 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
                              prog[k, a], ith, nth)
     elif kind == TASK_DUP:
         _dup_task(prog, k, ith, nth)
+    elif kind == TASK_SGEMM:                      # llamafile's tinyBLAS (05): F32, or F16 bits on both sides
+        if prog[k, a + 5] == ST_F32:
+            _sgemm_task(prog, k, f32, state, ith, nth)
+        else:
+            _sgemm_task(prog, k, np.uint16, state, ith, nth)
     elif kind == TASK_EXTRA:                      # ARG: the task's function, then its own integers
         return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k, state.ctypes.data, ith, nth)
     else:
