@@ -139,6 +139,7 @@ def _compute_thread(tasks, tp, cplan, ith):
 
 # %% book/06_cpu_compute.ipynb #native-lower
 from ggml_lite.backends.cpu import program as P
+from ggml_lite.backends.cpu.table import mul_mat_sgemm
 
 _BINARY_CODE = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}    # the kernels' op ids
 _NORM_KIND = {Op.RMS_NORM: P.TASK_RMS_NORM, Op.NORM: P.TASK_NORM}
@@ -247,12 +248,27 @@ def _lower_dup(node, p, nth):
     return None                                      # the quantized copies: called back
 
 # %% book/06_cpu_compute.ipynb #native-lower-mul-mat
+def mul_mat_src1_row(vdt, convert, d, a, b, w4):
+    """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer (w4) when
+    convert, then the chunk counter set to the thread count (also used by 07c's repacked kernel)."""
+    return (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, row_size(vdt, b.shape[3]), blck_size(vdt),
+                                  type_size(vdt)], (d, a, b, w4), ())
+
+
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
-    if cpu_kernel(node) is not CPU_KERNELS[Op.MUL_MAT]:
-        return None                                  # an extra buffer type's kernel (07c): called back
+    kernel = cpu_kernel(node)
+    if kernel is not CPU_KERNELS[Op.MUL_MAT]:        # an extra buffer type's kernel (07c): its own rows,
+        return kernel.lower(node, p, nth) if kernel.lower is not None else None    # or called back
     t, src1 = node.src[0].type, node.src[1]
     a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
+    sg = mul_mat_sgemm(node, a, b, d, p.wdata, nth)
+    if sg is not None:                               # llamafile's sgemm: src1 to F16 first, or only the counter
+        conv, A, B, C, ld, *ints = sg
+        vdt, f4 = V.get_type_traits_cpu(t).vec_dot_type, lambda x: x.reshape(1, 1, 1, -1)
+        w4 = f4(p.wdata) if conv else f4(np.zeros(1, np.uint8))
+        return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
+                (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]], (f4(C), f4(A), f4(B), f4(ld)), ())]
     if a.dtype == np.float16:
         a = a.view(np.uint16)
     vdt = V.get_type_traits_cpu(t).vec_dot_type
@@ -263,8 +279,7 @@ def _lower_mul_mat(node, p, nth):
     w4 = w.reshape(1, 1, 1, -1)
     n, rs = b.shape[3], row_size(vdt, b.shape[3])
     chunks = V.mul_mat_chunks(d.shape[3], d.shape[0] * d.shape[1] * d.shape[2], nth)
-    src1_task = (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, rs, blck_size(vdt), type_size(vdt)],
-                 (d, a, b, w4), ())
+    src1_task = mul_mat_src1_row(vdt, convert, d, a, b, w4)
     if is_quantized(t):
         kind, y = P.TASK_MUL_MAT_Q, b
     elif t == Type.F32:
@@ -287,10 +302,11 @@ _LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary, O
 def _lower(cgraph, cplan, tasks, p):
     """The program: one row per task, compiled where _LOWER has the node's kernel (F32 and
     contiguous for the element-wise ops), a call back to the task's Python kernel otherwise.
-    p: the Preparing the tasks were made with, so each tensor's numpy view is made once."""
+    p: the Preparing the tasks were made with, so each tensor's numpy view is made once. The
+    arrays the rows point at are returned too: the program must keep the ones made for it."""
     prog = np.zeros((len(tasks), P.ROW_SIZE), np.int64)
     fp = np.zeros((len(tasks), P.N_FPARAMS), np.float32)
-    k = 0
+    k, keep = 0, []
     while k < len(tasks):
         task = tasks[k]
         node_tasks = [t for t in tasks[k:k + 2] if t.node is task.node]
@@ -305,8 +321,9 @@ def _lower(cgraph, cplan, tasks, p):
                 P.set_slot(prog[k], s, arr)
                 prog[k, P.STRIDED] |= 0 if arr.flags.c_contiguous else 1 << s    # a bit per slot
             fp[k, :len(fparams)] = fparams
+            keep.append(arrays)
             k += 1
-    return prog, fp
+    return prog, fp, keep
 
 # %% book/06_cpu_compute.ipynb #native-class
 class _Native:
@@ -315,7 +332,7 @@ class _Native:
 
     def __init__(self, cgraph, cplan, tasks, p):
         self.tasks = tasks
-        self.prog, self.fp = _lower(cgraph, cplan, tasks, p)
+        self.prog, self.fp, self.arrays = _lower(cgraph, cplan, tasks, p)
         self.state = np.zeros(P.STATE_SIZE, np.int64)
         self.owner = np.zeros(0, np.int32)            # no chunk record (a traced plan runs the Python loop)
         self.errors, self.cplan = [], None

@@ -26,7 +26,7 @@ def _drop_stale_cache():
     (Only the cache in __pycache__ next to the module is looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
     deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py", "vec.py", "simd.py",
-                                          "cpy.py", "unary_ops.py")]
+                                          "cpy.py", "unary_ops.py", "sgemm.py")]
     deps.append(here.parents[1] / "types.py")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
     cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
@@ -49,6 +49,7 @@ _drop_stale_cache()
 from ggml_lite.backends.cpu import binary_ops as B  # noqa: E402
 from ggml_lite.backends.cpu import cpy as C  # noqa: E402
 from ggml_lite.backends.cpu import ops as K  # noqa: E402
+from ggml_lite.backends.cpu import sgemm as S  # noqa: E402
 from ggml_lite.backends.cpu import unary_ops as U  # noqa: E402
 from ggml_lite.backends.cpu import vec as V  # noqa: E402
 
@@ -162,7 +163,8 @@ N_FPARAMS = 8                      # float32 op params per task, in a second arr
 
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
  TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16,
- TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP) = range(16)
+ TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP, TASK_EXTRA,
+ TASK_SGEMM) = range(18)
 
 # How a slot's elements are stored, for the kinds that take several: float32, the bits of
 # F16/BF16, the bytes of quantized blocks, int32, int64.
@@ -208,6 +210,9 @@ def _strided(prog, k, s, dtype):
     o = SLOT + 9 * s
     return make_strided_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
                              (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]), dtype)
+
+
+slot_view = _array         # (public: an extra buffer type's compiled task reads its slots with it, 07c)
 
 
 def set_slot(row, s, arr):
@@ -356,6 +361,15 @@ def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _sgemm_task(prog, k, dt, state, ith, nth):
+    """Slots: flat C, A, B and the int64 strides of S.gemm_planes; ARG: m, n, k, rn, bm, storage."""
+    a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
+    S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0], _array(prog, k, 0, np.float32)[0, 0, 0],
+                  _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3],
+                  prog[k, a + 4], c, ith, nth)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _mul_mat_src1_task(prog, k, ith, nth):
     a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
     if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
@@ -366,6 +380,17 @@ def _mul_mat_src1_task(prog, k, ith, nth):
                               prog[k, a + 3], ith, nth)
 
 # %% book/06_cpu_compute.ipynb #native-run-task
+@intrinsic
+def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
+    """fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a numba cfunc: an extra
+    buffer type's task (chapter 07c), called through a pointer as ggml calls tensor_traits->compute_forward."""
+    def codegen(context, builder, sig, vals):
+        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals, sig.args)]
+        f = builder.inttoptr(vals[0], ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6).as_pointer())
+        return builder.call(f, vals[1:])
+    return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), codegen
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
     """Task k of the program on thread ith of nth: a compiled kernel, or a call back to Python.
@@ -419,6 +444,13 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
                              prog[k, a], ith, nth)
     elif kind == TASK_DUP:
         _dup_task(prog, k, ith, nth)
+    elif kind == TASK_SGEMM:                      # llamafile's tinyBLAS (05): F32, or F16 bits on both sides
+        if prog[k, a + 5] == ST_F32:
+            _sgemm_task(prog, k, f32, state, ith, nth)
+        else:
+            _sgemm_task(prog, k, np.uint16, state, ith, nth)
+    elif kind == TASK_EXTRA:                      # ARG: the task's function, then its own integers
+        return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k, state.ctypes.data, ith, nth)
     else:
         return _call_python_task(slot, k, ith, nth)
     return 0

@@ -285,10 +285,51 @@ def _prepare_repacked(node, p):
         _repack_chunks(n, x, x.view(np.uint16), wdata, rs, d[0], nchunk0, dr0, counter, ith, nth)
     return convert, chunks
 
+# %% book/07c_backend_devices.ipynb #repack-lower
+from functools import cache
+
+from numba import cfunc
+
+from ggml_lite.backends.cpu import program as P
+from ggml_lite.backends.cpu.compute import mul_mat_src1_row
+
+
+def _repack_task(prog_addr, rows, k, state_addr, ith, nth):
+    """The second task of a repacked mul_mat in the compiled loop: _prepare_repacked's chunks.
+    Slots: dst, the repacked weight's bytes, src1, the work buffer (src1 as Q8_0 rows); ARG: this
+    function's address, n, the Q8_0 row size, nchunk0, dr0. The chunk counter is the loop's."""
+    i8, a = np.int64, P.ARG
+    prog = P.make_view(prog_addr, (rows, i8(P.ROW_SIZE)), (i8(P.ROW_SIZE * 8), i8(8)), np.int64)
+    state = P.make_view(state_addr, (i8(P.STATE_SIZE),), (i8(8),), np.int64)
+    x = P.slot_view(prog, k, 1, np.uint8)[0, 0, 0]
+    _repack_chunks(prog[k, a + 1], x, x.view(np.uint16), P.slot_view(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
+                   P.slot_view(prog, k, 0, np.float32)[0], prog[k, a + 3], prog[k, a + 4],
+                   state[P.CURRENT_CHUNK:P.CURRENT_CHUNK + 1], ith, nth)
+    return 0
+
+
+@cache
+def _repack_task_address():
+    """The address of _repack_task compiled as a C function (numba cfunc), made on first use."""
+    return cfunc(types.int64(*[types.int64] * 6), cache=True, nogil=True, error_model="numpy")(_repack_task).address
+
+
+def _lower_repacked(node, p, nth):
+    """The repacked mul_mat's two rows of the compiled loop, or None (then called back)."""
+    a, b, d = node.src[0], p.view(node.src[1]), p.view(node)
+    if p.wdata is None or b.dtype != np.float32 or not d.flags.c_contiguous:
+        return None
+    x4, w4 = host_bytes(a, nbytes(a)).reshape(1, 1, 1, -1), p.wdata.reshape(1, 1, 1, -1)
+    nchunk0, dr0 = repack_chunks(a.ne[1], nth)
+    rs = row_size(Type.Q8_0, a.ne[0])
+    return [mul_mat_src1_row(Type.Q8_0, True, d, x4, b, w4),
+            (P.TASK_EXTRA, [_repack_task_address(), a.ne[0], rs, nchunk0, dr0], (d, x4, b, w4), ())]
+
 
 REPACK_Q4_0_8X8 = CpuKernel(Op.MUL_MAT, "q4_0_8x8_q8_0", _prepare_repacked, lambda node, n: n,
                             lambda node, n_tasks: row_size(Type.Q8_0, nelements(node.src[1])),
-                            _supports_repacked, "Q4_0 weight repacked to block_q4_0x8; F32 activations")
+                            _supports_repacked, "Q4_0 weight repacked to block_q4_0x8; F32 activations",
+                            _lower_repacked)
 
 # %% book/07c_backend_devices.ipynb #repack-buffer
 class _RepackBuffer(HostBuffer):

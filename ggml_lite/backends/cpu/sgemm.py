@@ -87,19 +87,15 @@ def _bloc_pos(ib, ibn, bloc_size):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
-    """tinyBLAS::gemm<4, rn, bm>: C (n rows of m) = B (n rows of k) times A (m rows of k)
-    transposed, as jobs of bm tiles down m by about BN tiles along n; thread ith takes job ith
-    first, then whatever the shared counter (set to nth before) hands out. Along n the first
-    jj_rn tiles are rn wide, the rest rn - 1, so that n need not be a multiple of rn."""
+def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
+    """Job `job` of tinyBLAS::gemm<4, rn, bm> (see gemm), none for job -1; returns the number of jobs."""
     ytiles = m // (RM * bm)
     xtiles = (n + rn - 1) // rn
     jj_rn = xtiles - (xtiles * rn - n)
     nb_bn = 1 if xtiles < BN else (xtiles + BN // 2) // BN
     size_bn = xtiles // nb_bn if xtiles % nb_bn == 0 else xtiles // nb_bn + 1
     jj_bn = nb_bn - (nb_bn * size_bn - xtiles)
-    job = ith
-    while job < ytiles * nb_bn:
+    if 0 <= job < ytiles * nb_bn:
         ii, jb = (job % ytiles) * RM * bm, job // ytiles
         jr0, jrn = _bloc_pos(jb, jj_bn, size_bn), _bloc_pos(jb + 1, jj_bn, size_bn)
         jj0, jj2 = _bloc_pos(jr0, jj_rn, rn), _bloc_pos(jrn, jj_rn, rn)
@@ -112,7 +108,36 @@ def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
             while jj < jj2:
                 gemm_bloc(A, lda, B, ldb, C, ldc, k, ii + bi, jj, rn - 1)
                 jj += rn - 1
+    return ytiles * nb_bn
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
+    """tinyBLAS::gemm<4, rn, bm>: C (n rows of m) = B (n rows of k) times A (m rows of k)
+    transposed, as jobs of bm tiles down m by about BN tiles along n; thread ith takes job ith
+    first, then whatever the shared counter (set to nth before) hands out. Along n the first
+    jj_rn tiles are rn wide, the rest rn - 1, so that n need not be a multiple of rn."""
+    job = ith
+    while job < _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
         job = V.atomic_fetch_add(counter, 0, 1)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
+    """ggml_compute_forward_mul_mat's llamafile_sgemm call for every plane (i12, i13) of src1, on
+    flat A, B, C with ld = (lda, A's plane strides s2, s3, ldb, B's, ldc, C's, r2, r3, ne12, ne13)
+    in elements. ggml calls it plane by plane, a barrier and a fresh counter each; here the jobs
+    of all planes are numbered one after another and handed out by one counter (set to nth
+    before), with no barrier: which thread computes an output does not change its bits."""
+    lda, ldb, ldc, r2, r3, ne12 = ld[0], ld[3], ld[6], ld[9], ld[10], ld[11]
+    njobs = _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, -1)
+    g = ith
+    while g < njobs * ne12 * ld[12]:
+        p, job = g // njobs, g % njobs
+        i12, i13 = p % ne12, p // ne12
+        _gemm_job(A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:], lda, B[i12 * ld[4] + i13 * ld[5]:], ldb,
+                  C[i12 * ld[7] + i13 * ld[8]:], ldc, k, m, n, rn, bm, job)
+        g = V.atomic_fetch_add(counter, 0, 1)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-plan
 def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):

@@ -148,19 +148,62 @@ def _prepare_concat(node, p):
     return lambda ith, nth: forward_concat(a, b, d, dim, ith, nth)
 
 # %% book/06_cpu_compute.ipynb #304eee36
+from ggml_lite.backends.cpu import sgemm as S
+
+
+def _flat(x):
+    """The memory of the strided array x from its first element to its last, as a 1-D array."""
+    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize
+    return np.lib.stride_tricks.as_strided(x, (span,), (x.itemsize,))
+
+
+def _ld(x):
+    """x's row and plane strides in elements (ne3 first in numpy: strides[2], [1], [0])."""
+    return [x.strides[2] // x.itemsize, x.strides[1] // x.itemsize, x.strides[0] // x.itemsize]
+
+
+def mul_mat_sgemm(node, a, b, d, wdata, nth):
+    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05), decided before any
+    thread runs (they depend on types, shapes and nth only): first on src1 as it is when it is
+    contiguous, then, for an F16 weight, on src1 converted to F16 in wdata. None when both
+    decline (the chunk loop computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for
+    S.gemm_planes: flat operands, their strides in elements; convert: src1 goes to wdata first."""
+    t, tb = node.src[0].type, node.src[1].type
+    if t not in (Type.F32, Type.F16) or d.strides[3] != 4 or a.strides[3] != a.itemsize:
+        return None
+    (ne03, ne02, ne01, ne00), (ne13, ne12, ne11, ne10) = a.shape, b.shape
+    m, n, k, conv = ne01, ne11, ne00, False
+    plan = S.llamafile_sgemm_plan(m, n, k, nth, t, tb) if b.flags.c_contiguous else None
+    if plan is None and t == Type.F16 and tb != Type.F16 and wdata is not None:   # second try: F16 src1 in wdata
+        plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, Type.F16), True
+        b = wdata[:2 * b.size].view(np.uint16).reshape(b.shape)
+    if plan is None:
+        return None
+    a, b = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (a, b))
+    ld = np.array(_ld(a) + _ld(b) + _ld(d) + [ne12 // ne02, ne13 // ne03, ne12, ne13], np.int64)
+    return conv, _flat(a), _flat(b), _flat(d), ld, m, n, k, *plan
+
+
 def _prepare_mul_mat(node, p):
-    """The two tasks of ggml_compute_forward_mul_mat: convert src1, then the chunk loop."""
+    """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's sgemm when it
+    takes the node (mul_mat_sgemm), else the chunk loop."""
     t = node.src[0].type
     a, b, d, wdata, owner = p.view(node.src[0]), p.view(node.src[1]), p.view(node), p.wdata, p.owner
     counter = np.zeros(1, np.int64)                 # threadpool->current_chunk
 
     def convert(ith, nth):
-        V.forward_mul_mat_src1(t, b, wdata, ith, nth)
+        sg = mul_mat_sgemm(node, a, b, d, wdata, nth)
+        if sg is None or sg[0]:                     # (sgemm on src1 as it is: nothing to convert)
+            V.forward_mul_mat_src1(t, b, wdata, ith, nth)
         if ith == 0:
             counter[0] = nth
 
     def chunks(ith, nth):
-        V.forward_mul_mat_chunks(t, a, b, d, wdata, counter, ith, nth, owner)
+        sg = mul_mat_sgemm(node, a, b, d, wdata, nth)
+        if sg is not None:
+            S.gemm_planes(*sg[1:], counter, ith, nth)
+        else:
+            V.forward_mul_mat_chunks(t, a, b, d, wdata, counter, ith, nth, owner)
     return convert, chunks
 
 # %% book/06_cpu_compute.ipynb #table-supports
@@ -329,7 +372,10 @@ class CpuKernel:
     n_tasks(node, n_threads) -> ggml_get_n_tasks' count (it sizes the work buffer);
     work_size(node, n_tasks) -> bytes of scratch (ggml_graph_plan's `cur`);
     supports(node) -> None when the kernel computes this node's types and layouts, else why not;
-    types: what supports accepts, in words."""
+    types: what supports accepts, in words;
+    lower(node, p, nth) -> the node's rows of the compiled loop's program, or None (a call back
+    into Python): set by the kernels of extra buffer types (chapter 07c); the table's own ops
+    are lowered by the compute loop itself."""
     op: Op
     kind: object
     prepare: Callable
@@ -337,6 +383,7 @@ class CpuKernel:
     work_size: Callable
     supports: Callable
     types: str
+    lower: Callable = None
 
 
 def _all(node, n_threads):
