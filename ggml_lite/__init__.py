@@ -265,7 +265,14 @@ from .backend import (  # noqa: F401  (book/07b_backend_streams.ipynb, book/07d_
     backend_reg_dev_get,
     backend_reg_get_proc_address,
 )
-from .backends.cpu.backend import *  # noqa: F401,F403  (book/07c_backend_devices.ipynb)
+from .backends.cpu.backend import (  # noqa: F401  (book/07c_backend_devices.ipynb)
+    backend_cpu_reg,
+    backend_cpu_init,
+    backend_is_cpu,
+    backend_cpu_set_n_threads,
+    backend_cpu_set_threadpool,
+    backend_cpu_set_abort_callback,
+)
 from .backends.blas import *  # noqa: F401,F403  (book/07c_backend_devices.ipynb)
 from .backend_reg import *  # noqa: F401,F403  (book/07d_backend_registry.ipynb)
 from .alloc import (  # noqa: F401  (book/08_alloc.ipynb)

@@ -97,3 +97,38 @@ def test_each_output_in_ggmls_order_bit_for_bit():
     plain = np.empty_like(d)
     forward_mul_mat(Type.F32, a, b, plain)
     assert not np.array_equal(plain, d)      # the chunk loop's order differs: the test can tell them apart
+
+
+def test_mul_mat_offers_sgemm_only_where_ggml_is_built_with_llamafile():
+    """GGML_LLAMAFILE is a build option of ggml (off in ggml's own build, on in llama.cpp's); here a
+    CPU backend's setting: off, an F32 product runs the chunk loop (ggml 0.15.3's bits, as the RPC
+    fixtures from real ggml check); on, it is a TASK_SGEMM of the compiled loop."""
+    import ggml_lite as ggml
+    from ggml_lite.backends.cpu import program as P
+    from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile
+    from ggml_lite.backends.cpu.compute import _PREPARED
+    rng = np.random.default_rng(5)
+    w, x = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
+    kinds = {}
+    for on in (False, True):
+        cpu = ggml.backend_cpu_init()
+        ggml.backend_cpu_set_n_threads(cpu, 2)
+        if on:
+            backend_cpu_set_llamafile(cpu, True)
+        ctx = ggml.init(mem_size=4 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+        a, b = ggml.new_tensor_2d(ctx, Type.F32, 32, 64), ggml.new_tensor_2d(ctx, Type.F32, 32, 8)
+        y = ggml.mul_mat(ctx, a, b)
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, y)
+        buf = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        ggml.backend_tensor_set(a, w)
+        ggml.backend_tensor_set(b, x)
+        _PREPARED.clear()
+        ggml.backend_graph_compute(cpu, gf)
+        got = ggml.backend_tensor_get(y).reshape(8, 64)
+        want = x.astype(np.float64) @ w.T.astype(np.float64)
+        assert ((got - want) ** 2).sum() / (want ** 2).sum() < 1e-12
+        kinds[on] = {int(k) for p in _PREPARED.values() if p.native is not None for k in p.native.prog[:, P.KIND]}
+        ggml.backend_buffer_free(buf)
+        ggml.free(ctx)
+    assert P.TASK_SGEMM not in kinds[False] and P.TASK_SGEMM in kinds[True], kinds

@@ -16,7 +16,7 @@ from ggml_lite.backend import (BackendBufferUsage, backend_alloc_ctx_tensors_fro
                                backend_buffer_free, backend_buffer_get_size, backend_buffer_set_usage,
                                backend_get_default_buffer_type, backend_name, backend_tensor_get,
                                backend_tensor_set)
-from ggml_lite.backends.cpu.backend import backend_cpu_init, backend_cpu_set_n_threads, backend_is_cpu
+from ggml_lite.backends.cpu.backend import backend_cpu_init, backend_cpu_set_llamafile, backend_cpu_set_n_threads, backend_is_cpu
 from ggml_lite.context import free
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import build_forward_expand, graph_overhead_custom, new_graph_custom
@@ -487,8 +487,10 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
         raise GGMLError(f"llama: the KV cache holds F32 or F16, not {type_name(type_k)}/{type_name(type_v)}")
     backends = [backend_cpu_init()] if backends is None else list(backends)
     for b in backends:
-        if backend_is_cpu(b) and n_threads is not None:
-            backend_cpu_set_n_threads(b, n_threads)
+        if backend_is_cpu(b):
+            backend_cpu_set_llamafile(b, True)      # llama.cpp builds ggml with GGML_LLAMAFILE on
+            if n_threads is not None:
+                backend_cpu_set_n_threads(b, n_threads)
     llama_check_tensor_names({rt.name for rt in reader.tensors}, hp)    # before anything is sized by n_layer
     layers = [_Layer(b) for b in _placement(hp.n_layer, backends, layers_on)]
     named, records = _weight_plan(reader, hp, backends, layers)

@@ -44,6 +44,8 @@ class CPlan:
         self.chunk_owners = {}            # node index -> which thread computed each mul_mat chunk
         self.min_work_per_node = MIN_WORK_PER_NODE  # 0: every node on all n_threads, as ggml
         self.python_loop = False          # True: the readable Python loop, not the compiled one
+        self.llamafile = False            # GGML_LLAMAFILE: F32/F16 products to llamafile's sgemm first
+                                          # (llama.cpp builds ggml with it; ggml's own default is off)
 
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
@@ -262,7 +264,7 @@ def _lower_mul_mat(node, p, nth):
         return kernel.lower(node, p, nth) if kernel.lower is not None else None    # or called back
     t, src1 = node.src[0].type, node.src[1]
     a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
-    sg = mul_mat_sgemm(node, a, b, d, p.wdata, nth)
+    sg = mul_mat_sgemm(node, a, b, d, p.wdata, nth) if p.llamafile else None
     if sg is not None:                               # llamafile's sgemm: src1 to F16 first, or only the counter
         conv, A, B, C, ld, *ints = sg
         vdt, f4 = V.get_type_traits_cpu(t).vec_dot_type, lambda x: x.reshape(1, 1, 1, -1)
@@ -401,14 +403,14 @@ class _Prepared:
     work buffer, the thread count. Any change (a re-allocation, a new plan) means preparing again."""
 
     def __init__(self, cgraph, cplan):
-        p = Preparing(cplan.work_data, cplan.n_threads)      # the views, shared by tasks and program
+        p = Preparing(cplan.work_data, cplan.n_threads, cplan.llamafile)   # views shared by tasks and program
         self.tasks, self.chunk_owners = _make_tasks(cgraph, cplan, p)
         self.nodes = list(cgraph.nodes)
         self.srcs = [list(n.src) for n in cgraph.nodes]
         self.ctx_plan = None                 # graph_compute_with_ctx's (n_threads asked, CPlan) for this graph
         self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n, *n.src) if t is not None]
         self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
-        self.min_work = cplan.min_work_per_node
+        self.min_work, self.llamafile = cplan.min_work_per_node, cplan.llamafile
         self.native = None if self.traced else _Native(cgraph, cplan, self.tasks, p)
         self.uid, self.cplan = cgraph.uid, weakref.ref(cplan)   # weak: a plan holds its threadpool
 
@@ -422,7 +424,8 @@ class _Prepared:
 
     def same_plan(self, cplan):
         return (self.work_data is cplan.work_data and self.n_threads == cplan.n_threads
-                and self.traced == (cplan.trace is not None) and self.min_work == cplan.min_work_per_node)
+                and self.traced == (cplan.trace is not None) and self.min_work == cplan.min_work_per_node
+                and self.llamafile == cplan.llamafile)
 
     def unchanged(self, cgraph):
         """The same nodes in the same order, each with the same sources, every address the same:

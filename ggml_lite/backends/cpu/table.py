@@ -35,8 +35,8 @@ class Preparing:
     numpy views made once per tensor (one tensor feeds several nodes), and for a traced mul_mat
     the array that records which thread computed each chunk."""
 
-    def __init__(self, wdata, n_threads):
-        self.wdata, self.n_threads, self.owner = wdata, n_threads, None
+    def __init__(self, wdata, n_threads, llamafile=False):
+        self.wdata, self.n_threads, self.owner, self.llamafile = wdata, n_threads, None, llamafile
         self._views = {}
 
     def view(self, t):
@@ -190,16 +190,17 @@ def _prepare_mul_mat(node, p):
     t = node.src[0].type
     a, b, d, wdata, owner = p.view(node.src[0]), p.view(node.src[1]), p.view(node), p.wdata, p.owner
     counter = np.zeros(1, np.int64)                 # threadpool->current_chunk
+    sgemm = (lambda nth: mul_mat_sgemm(node, a, b, d, wdata, nth)) if p.llamafile else (lambda nth: None)
 
     def convert(ith, nth):
-        sg = mul_mat_sgemm(node, a, b, d, wdata, nth)
+        sg = sgemm(nth)
         if sg is None or sg[0]:                     # (sgemm on src1 as it is: nothing to convert)
             V.forward_mul_mat_src1(t, b, wdata, ith, nth)
         if ith == 0:
             counter[0] = nth
 
     def chunks(ith, nth):
-        sg = mul_mat_sgemm(node, a, b, d, wdata, nth)
+        sg = sgemm(nth)
         if sg is not None:
             S.gemm_planes(*sg[1:], counter, ith, nth)
         else:
