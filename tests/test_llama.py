@@ -450,6 +450,12 @@ def test_a_file_cut_inside_its_header_says_so(tmp_path, keep):
                           f"reading the key-value pairs or the tensor records failed"), msg
 
 
+def test_a_missing_file_is_one_message(tmp_path):
+    path = tmp_path / "nowhere.gguf"
+    assert load_error(path) == f"llama: cannot read {path}: No such file or directory"
+    assert load_error(tmp_path) == f"llama: cannot read {tmp_path}: Is a directory"
+
+
 def test_a_file_that_is_not_gguf_names_its_magic(tmp_path):
     path = tmp_path / "other.bin"
     path.write_bytes(b"GGML" + (DATA / "llama_q8_0.gguf").read_bytes()[4:])

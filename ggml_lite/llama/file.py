@@ -217,8 +217,11 @@ def _check_data_layout(gguf, reader, data_start, fields):
 
 def _check_magic_and_version(path):
     """gguf.cpp's first checks: the magic, then a version it reads (2 or 3; 1 is no longer supported)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise GGMLError(f"llama: cannot read {path}: {e.strerror or e}") from None
     if head[:4] != b"GGUF":
         raise GGMLError(f"llama: {path} is not a GGUF file: it starts with {head[:4]!r}, not b'GGUF'")
     if len(head) < 8:
