@@ -68,6 +68,20 @@ static __device__ __forceinline__ uint16_t ggml_float_to_bf16(const float f) {
     return (uint16_t) ((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
+// BF16 as a type of its own, so that templates tell F16 (ggml_half) and BF16 storage apart;
+// one value of a float type read or written as float (cpy.cu, setrows.cu)
+struct bf16_t { uint16_t bits; };
+
+template <typename T> static __device__ __forceinline__ float load_float(const char * p);
+template <> __device__ __forceinline__ float load_float<float>(const char * p) { return *(const float *) p; }
+template <> __device__ __forceinline__ float load_float<ggml_half>(const char * p) { return ggml_half_to_float(*(const ggml_half *) p); }
+template <> __device__ __forceinline__ float load_float<bf16_t>(const char * p) { return ggml_bf16_to_float(*(const uint16_t *) p); }
+
+template <typename T> static __device__ __forceinline__ void store_float(char * p, float x);
+template <> __device__ __forceinline__ void store_float<float>(char * p, float x) { *(float *) p = x; }
+template <> __device__ __forceinline__ void store_float<ggml_half>(char * p, float x) { *(ggml_half *) p = ggml_float_to_half(x); }
+template <> __device__ __forceinline__ void store_float<bf16_t>(char * p, float x) { *(uint16_t *) p = ggml_float_to_bf16(x); }
+
 // ggml-common.h's blocks, byte for byte (static_asserts below check the sizes)
 typedef struct { ggml_half d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
 typedef struct { ggml_half d; ggml_half m; uint8_t qs[QK4_1 / 2]; } block_q4_1;

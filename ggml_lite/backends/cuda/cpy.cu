@@ -8,18 +8,6 @@
 
 #define CUDA_CPY_BLOCK_SIZE 64
 
-struct bf16_t { uint16_t bits; };
-
-template <typename T> static __device__ __forceinline__ float load_float(const char * p);
-template <> __device__ __forceinline__ float load_float<float>(const char * p) { return *(const float *) p; }
-template <> __device__ __forceinline__ float load_float<ggml_half>(const char * p) { return ggml_half_to_float(*(const ggml_half *) p); }
-template <> __device__ __forceinline__ float load_float<bf16_t>(const char * p) { return ggml_bf16_to_float(*(const uint16_t *) p); }
-
-template <typename T> static __device__ __forceinline__ void store_float(char * p, float x);
-template <> __device__ __forceinline__ void store_float<float>(char * p, float x) { *(float *) p = x; }
-template <> __device__ __forceinline__ void store_float<ggml_half>(char * p, float x) { *(ggml_half *) p = ggml_float_to_half(x); }
-template <> __device__ __forceinline__ void store_float<bf16_t>(char * p, float x) { *(uint16_t *) p = ggml_float_to_bf16(x); }
-
 // The byte offset of flat element i in a tensor of shape ne0..ne2 (ne3 implied) and strides nb0..nb3.
 static __device__ __forceinline__ int64_t offset_of(const int64_t i, const int64_t ne0, const int64_t ne1, const int64_t ne2,
         const int64_t nb0, const int64_t nb1, const int64_t nb2, const int64_t nb3) {

@@ -11,7 +11,6 @@
 template <typename src0_t> static __device__ __forceinline__ float to_float(src0_t x);
 template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
 
-struct bf16_t { uint16_t bits; };   // a distinct type, so that F16 and BF16 rows convert differently
 template <> __device__ __forceinline__ float to_float<ggml_half>(ggml_half x) { return ggml_half_to_float(x); }
 template <> __device__ __forceinline__ float to_float<bf16_t>(bf16_t x) { return ggml_bf16_to_float(x.bits); }
 

@@ -6,13 +6,6 @@
 // over dims 2 and 3 (i11 = i02 % ne11, i12 = i03 % ne12). An index outside [0, ne1) writes nothing.
 #include "common.cuh"
 
-struct bf16_t { uint16_t bits; };   // a distinct type, so that F16 and BF16 store differently
-
-template <typename T> static __device__ __forceinline__ void store_value(char * p, float x);
-template <> __device__ __forceinline__ void store_value<float>(char * p, float x) { *(float *) p = x; }
-template <> __device__ __forceinline__ void store_value<ggml_half>(char * p, float x) { *(ggml_half *) p = ggml_float_to_half(x); }
-template <> __device__ __forceinline__ void store_value<bf16_t>(char * p, float x) { *(uint16_t *) p = ggml_float_to_bf16(x); }
-
 template <typename idx_t, typename dst_t>
 static __device__ __forceinline__ void k_set_rows(
         const char * src0, const idx_t * src1, char * dst,
@@ -34,7 +27,7 @@ static __device__ __forceinline__ void k_set_rows(
         return;                                    // never a write outside dst
     }
     const float x = *(const float *) (src0 + i00 * sizeof(float) + i01 * nb01 + i02 * nb02 + i03 * nb03);
-    store_value<dst_t>(dst + i00 * sizeof(dst_t) + i1 * nb1 + i02 * nb2 + i03 * nb3, x);
+    store_float<dst_t>(dst + i00 * sizeof(dst_t) + i1 * nb1 + i02 * nb2 + i03 * nb3, x);
 }
 
 #define SET_ROWS_ARGS const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne03, \
