@@ -108,6 +108,8 @@ class Threadpool:
                             np.zeros(0, np.int64), np.zeros(0, np.int32), 0)
         self._job, self._errors, self._stop = None, [], False
         self._run_lock = threading.Lock()          # one job at a time, whoever calls
+        P.ctl_add(self._ctl, P.TP_SLEEPING, 0)     # numba loads what a worker calls to go to sleep
+        P.ctl_load(self._ctl, P.TP_STOP)           # here, not in the worker at its first sleep
         args = (self._ctl, self._cond, weakref.ref(self))
         self._workers = [threading.Thread(target=_worker, args=(*args, ith, self._n_rounds), daemon=True,
                                           name=f"ggml_lite-cpu-{ith}") for ith in range(1, n_threads)]
