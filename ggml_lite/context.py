@@ -81,9 +81,10 @@ class Context:
         self.no_alloc = no_alloc                  # True: tensors get descriptors only, data = NULL
         self.n_objects = 0                        # tensors made (ggml counts tensors here)
         self.objects = []                         # objects_begin .. objects_end, in order
-        self._freed = False                       # ggml_free was called: no new objects
-        self._generation = 0                      # bumped when the pool's objects are gone
-        self._ends = {}                           # generation -> how its objects went
+        # ggml_lite only ("When a tensor's memory is gone"): freed?, generations of the pool
+        self._freed = False
+        self._generation = 0
+        self._ends = {}
 
     @property
     def base(self):
@@ -149,12 +150,6 @@ def reset(ctx):
     ctx.n_objects = 0
     ctx.objects = []
 
-
-def _end_generation(ctx, how):
-    """The objects made so far in ctx are gone; remember how, for the errors that name them."""
-    ctx._ends[ctx._generation] = how
-    ctx._generation += 1
-
 # %% book/02_tensor.ipynb #tensor-getters
 def used_mem(ctx):
     """ggml_used_mem: bytes of the pool in use, the end of the last object."""
@@ -191,13 +186,6 @@ def tensor_overhead():
     return OBJECT_SIZE + TENSOR_SIZE
 
 # %% book/02_tensor.ipynb #tensor-check-alive
-def context_check_alive(ctx, where=None):
-    """The one freed-context check: a context that ggml_free released makes no new object."""
-    if ctx._freed:
-        raise GGMLError(f"{where + ': ' if where else ''}the context was freed (ggml_free): "
-                        f"no new object can be made in it")
-
-
 def new_object(ctx, obj_type, size, payload=None, where=None):
     """ggml_new_object: append an object of `size` bytes (padded to 16) to the pool; its payload offset.
     `where`: the call that asked (new_tensor_2d, new_graph_custom, ...), named in the error.
@@ -221,6 +209,19 @@ def new_object(ctx, obj_type, size, payload=None, where=None):
         struct.pack_into("<Q", pool, prev_header + 16, address(pool) + cur_end)
     ctx.objects.append(obj)
     return obj.offs
+
+# %% book/02_tensor.ipynb #fad1b540c6
+def _end_generation(ctx, how):
+    """The objects made so far in ctx are gone; remember how, for the errors that name them."""
+    ctx._ends[ctx._generation] = how
+    ctx._generation += 1
+
+
+def context_check_alive(ctx, where=None):
+    """The one freed-context check: a context that ggml_free released makes no new object."""
+    if ctx._freed:
+        raise GGMLError(f"{where + ': ' if where else ''}the context was freed (ggml_free): "
+                        f"no new object can be made in it")
 
 # %% book/02_tensor.ipynb #tensor-lifetime
 def pool_stamp(ctx):
