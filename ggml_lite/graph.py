@@ -13,9 +13,10 @@ from ggml_lite.context import first_gone
 from ggml_lite.core import GGMLError, require
 from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_name, op_symbol
-from ggml_lite.tensor import (MAX_SRC, MEM_ALIGN, OBJECT_SIZE, PAD, ObjectType, TensorFlag,
-                              descriptor_address, format_name, is_matrix, nelements, new_object,
-                              pool_stamp, pool_stamp_gone, tensor_check_alive)
+from ggml_lite.tensor import (MAX_SRC, MEM_ALIGN, OBJECT_SIZE, PAD, ObjectType,
+                              TensorFlag, descriptor_address, format_name, is_matrix,
+                              nelements, new_object, pool_stamp, pool_stamp_gone,
+                              tensor_check_alive)
 from ggml_lite.types import type_name
 
 # %% book/04_graph.ipynb #graph-cost
@@ -24,13 +25,15 @@ _CGRAPH_SIZE = 96           # sizeof(struct ggml_cgraph) on 64-bit machines
 _PTR_SIZE = 8
 
 # next primes after powers of two (ggml_hash_size, src/ggml.c)
-_HASH_PRIMES = (2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771,
-                65537, 131101, 262147, 524309, 1048583, 2097169, 4194319, 8388617, 16777259,
-                33554467, 67108879, 134217757, 268435459, 536870923, 1073741827, 2147483659)
+_HASH_PRIMES = (2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411,
+                32771, 65537, 131101, 262147, 524309, 1048583, 2097169, 4194319,
+                8388617, 16777259, 33554467, 67108879, 134217757, 268435459, 536870923,
+                1073741827, 2147483659)
 
 
 def hash_size(min_sz):
-    """ggml_hash_size: the smallest prime of ggml's table that is >= min_sz (min_sz | 1 beyond it)."""
+    """ggml_hash_size: the smallest prime of ggml's table that is >= min_sz (min_sz | 1
+    beyond it)."""
     for p in _HASH_PRIMES:
         if p >= min_sz:
             return p
@@ -48,7 +51,8 @@ def _graph_parts(size, grads):
 
 
 def _graph_nbytes(size, grads):
-    """ggml_graph_nbytes: the cgraph struct, then each array aligned to its element size."""
+    """ggml_graph_nbytes: the cgraph struct, then each array aligned to its element
+    size."""
     p = _CGRAPH_SIZE
     for _, elem, count in _graph_parts(size, grads):
         p = PAD(p, elem) + elem * count
@@ -56,7 +60,8 @@ def _graph_nbytes(size, grads):
 
 
 def graph_overhead_custom(size, grads=False):
-    """ggml_graph_overhead_custom: pool bytes of a graph of `size` nodes (object header included)."""
+    """ggml_graph_overhead_custom: pool bytes of a graph of `size` nodes (object header
+    included)."""
     return OBJECT_SIZE + PAD(_graph_nbytes(size, grads), MEM_ALIGN)
 
 
@@ -66,7 +71,8 @@ def graph_overhead():
 
 # %% book/04_graph.ipynb #graph-cgraph
 class GraphFullError(GGMLError):
-    """A graph's size (its capacity of nodes, and of leafs) is too small for what is being added."""
+    """A graph's size (its capacity of nodes, and of leafs) is too small for what is
+    being added."""
 
 
 class EvalOrder(IntEnum):
@@ -79,17 +85,23 @@ class EvalOrder(IntEnum):
 class CGraph:
     """struct ggml_cgraph: the ops of a computation in execution order, plus its leafs.
 
-    Made by new_graph / new_graph_custom in a context's pool and filled by build_forward_expand.
+    Made by new_graph / new_graph_custom in a context's pool and filled by
+    build_forward_expand.
     """
 
     def __init__(self, size, grads=False):
         self.size = size                        # capacity of nodes and of leafs
-        self.nodes = []                         # tensors with an op, inputs before consumers
-        self.leafs = []                         # tensors with op NONE (weights, inputs, constants)
-        self.grads = {} if grads else None      # training: tensor id -> gradient (unused here)
+        # tensors with an op, inputs before consumers
+        self.nodes = []
+        # tensors with op NONE (weights, inputs, constants)
+        self.leafs = []
+        # training: tensor id -> gradient (unused here)
+        self.grads = {} if grads else None
         self.grad_accs = {} if grads else None
-        self.use_counts = {}                    # tensor id -> number of node operands that are it
-        self.visited_hash_set = {}              # tensor id -> tensor: everything in the graph
+        # tensor id -> number of node operands that are it
+        self.use_counts = {}
+        # tensor id -> tensor: everything in the graph
+        self.visited_hash_set = {}
         self.hash_size = hash_size(2 * size)    # the capacity of ggml's hash set
         self.order = EvalOrder.LEFT_TO_RIGHT
         self.uid = 0
@@ -105,21 +117,26 @@ class CGraph:
         return len(self.leafs)
 
     def __repr__(self):
-        return f"CGraph(size={self.size}, n_nodes={self.n_nodes}, n_leafs={self.n_leafs})"
+        return (
+            f"CGraph(size={self.size}, n_nodes={self.n_nodes}, n_leafs={self.n_leafs})"
+        )
 
 # %% book/04_graph.ipynb #graph-new
 def new_graph_custom(ctx, size, grads=False):
-    """ggml_new_graph_custom: an empty graph of capacity `size` in ctx's pool (with gradient arrays if grads)."""
+    """ggml_new_graph_custom: an empty graph of capacity `size` in ctx's pool (with
+    gradient arrays if grads)."""
     size = int(size)
     require(size >= 0, "new_graph_custom", f"size = {size} is negative")
     graph = CGraph(size, grads)
-    graph.offs = new_object(ctx, ObjectType.GRAPH, _graph_nbytes(size, grads), graph, where="new_graph_custom")
+    graph.offs = new_object(ctx, ObjectType.GRAPH, _graph_nbytes(size, grads), graph,
+                            where="new_graph_custom")
     graph._stamp = pool_stamp(ctx)        # ggml_lite only: see "How long a graph lives"
     return graph
 
 
 def new_graph(ctx):
-    """ggml_new_graph: an empty graph of GGML_DEFAULT_GRAPH_SIZE = 2048 nodes, no gradients."""
+    """ggml_new_graph: an empty graph of GGML_DEFAULT_GRAPH_SIZE = 2048 nodes, no
+    gradients."""
     return new_graph_custom(ctx, DEFAULT_GRAPH_SIZE, False)
 
 # %% book/04_graph.ipynb #graph-dfs
@@ -128,7 +145,8 @@ def _is_leaf(t):
 
 
 def _count_new(graph, root, where):
-    """How many nodes and leafs a walk from root would append (nothing is changed; each new tensor must be alive)."""
+    """How many nodes and leafs a walk from root would append (nothing is changed; each
+    new tensor must be alive)."""
     seen, stack, nodes, leafs = set(), [root], 0, 0
     while stack:
         t = stack.pop()
@@ -156,14 +174,19 @@ def _append(graph, t):
 
 # %% book/04_graph.ipynb #graph-visit
 def _visit_parents(graph, root, compute):
-    """ggml_visit_parents_graph, with an explicit stack: post-order DFS over src[0..9]."""
-    order = range(MAX_SRC) if graph.order != EvalOrder.RIGHT_TO_LEFT else range(MAX_SRC - 1, -1, -1)
+    """ggml_visit_parents_graph, with an explicit stack: post-order DFS over
+    src[0..9]."""
+    order = (
+        range(MAX_SRC)
+        if graph.order != EvalOrder.RIGHT_TO_LEFT
+        else range(MAX_SRC - 1, -1, -1)
+    )
     visited, counts, stack = graph.visited_hash_set, graph.use_counts, []
 
     def enter(t):
         if compute and t.op != Op.NONE:
             t.flags |= TensorFlag.COMPUTE
-        if id(t) in visited:              # already in the graph: only propagate the flag
+        if id(t) in visited:             # already in the graph: only propagate the flag
             if compute:
                 stack.append([t, iter(order), False, None])
             return
@@ -175,7 +198,7 @@ def _visit_parents(graph, root, compute):
     while stack:
         frame = stack[-1]
         t, srcs, new, pending = frame
-        if pending is not None:           # an operand's visit has returned: count its use
+        if pending is not None:         # an operand's visit has returned: count its use
             counts[id(pending)] += 1
             frame[3] = None
         for k in srcs:
@@ -195,11 +218,13 @@ def _visit_parents(graph, root, compute):
 def _build_forward_impl(graph, tensor, compute, where):
     _check_graph(graph, where)
     new_nodes, new_leafs = _count_new(graph, tensor, where)
-    for what, have, new in (("n_nodes", graph.n_nodes, new_nodes), ("n_leafs", graph.n_leafs, new_leafs)):
+    for what, have, new in (("n_nodes", graph.n_nodes, new_nodes),
+                            ("n_leafs", graph.n_leafs, new_leafs)):
         if have + new > graph.size:
             raise GraphFullError(
                 f"{where}: graph is full: {what} >= size={graph.size} "
-                f"(GGML_ASSERT(cgraph->{what} < cgraph->size) failed): the graph holds {have} and "
+                f"(GGML_ASSERT(cgraph->{what} < cgraph->size) failed): the graph holds "
+                f"{have} and "
                 f"'{tensor.name}' needs {new} more; make the graph with "
                 f"new_graph_custom(ctx, size) and size >= {have + new}")
     n_old = graph.n_nodes
@@ -210,13 +235,16 @@ def _build_forward_impl(graph, tensor, compute, where):
 
 
 def build_forward_expand(cgraph, tensor):
-    """ggml_build_forward_expand: append tensor and everything it depends on that is not yet in cgraph."""
+    """ggml_build_forward_expand: append tensor and everything it depends on that is not
+    yet in cgraph."""
     _build_forward_impl(cgraph, tensor, True, "build_forward_expand")
 
 
 def build_forward_select(cgraph, tensors, n_tensors, idx):
-    """ggml_build_forward_select: add n_tensors alternatives; only tensors[idx] is flagged COMPUTE."""
-    require(0 <= idx < n_tensors, "build_forward_select", f"idx = {idx}, n_tensors = {n_tensors}",
+    """ggml_build_forward_select: add n_tensors alternatives; only tensors[idx] is
+    flagged COMPUTE."""
+    require(0 <= idx < n_tensors, "build_forward_select",
+            f"idx = {idx}, n_tensors = {n_tensors}",
             assertion="idx >= 0 && idx < n_tensors")
     for i in range(n_tensors):
         _build_forward_impl(cgraph, tensors[i], i == idx, "build_forward_select")
@@ -234,26 +262,32 @@ def graph_n_nodes(cgraph):
 
 
 def graph_nodes(cgraph):
-    """ggml_graph_nodes: the list of nodes, in execution order (the graph's own list)."""
+    """ggml_graph_nodes: the list of nodes, in execution order (the graph's own
+    list)."""
     return cgraph.nodes
 
 
 def graph_node(cgraph, i):
-    """ggml_graph_node: node i; a negative i counts from the end (-1 = the last node)."""
+    """ggml_graph_node: node i; a negative i counts from the end (-1 = the last
+    node)."""
     n = cgraph.n_nodes
     if i < 0:
-        require(n + i >= 0, "graph_node", f"i = {i}, n_nodes = {n}", assertion="cgraph->n_nodes + i >= 0")
+        require(n + i >= 0, "graph_node", f"i = {i}, n_nodes = {n}",
+                assertion="cgraph->n_nodes + i >= 0")
         return cgraph.nodes[n + i]
-    require(i < n, "graph_node", f"i = {i}, n_nodes = {n}", assertion="i < cgraph->n_nodes")
+    require(i < n, "graph_node", f"i = {i}, n_nodes = {n}",
+            assertion="i < cgraph->n_nodes")
     return cgraph.nodes[i]
 
 
 def graph_add_node(cgraph, tensor):
-    """ggml_graph_add_node: append a node by hand (no walk, no COMPUTE flag, not in the hash set)."""
+    """ggml_graph_add_node: append a node by hand (no walk, no COMPUTE flag, not in the
+    hash set)."""
     _check_graph(cgraph, "graph_add_node")
     tensor_check_alive(tensor, "graph_add_node")
     require(cgraph.size > cgraph.n_nodes, "graph_add_node",
-            f"graph is full: n_nodes >= size={cgraph.size} (GGML_ASSERT(cgraph->size > cgraph->n_nodes) failed)",
+            f"graph is full: n_nodes >= size={cgraph.size} (GGML_ASSERT(cgraph->size > "
+            f"cgraph->n_nodes) failed)",
             error=GraphFullError)
     cgraph.nodes.append(tensor)
 
@@ -265,7 +299,8 @@ def graph_clear(cgraph):
 
 # %% book/04_graph.ipynb #graph-lookup
 def graph_get_tensor(cgraph, name):
-    """ggml_graph_get_tensor: the first leaf, then node, named `name`; None if there is none."""
+    """ggml_graph_get_tensor: the first leaf, then node, named `name`; None if there is
+    none."""
     for t in cgraph.leafs + cgraph.nodes:
         if t.name == name:
             return t
@@ -273,7 +308,8 @@ def graph_get_tensor(cgraph, name):
 
 
 def graph_get_grad(cgraph, node):
-    """ggml_graph_get_grad: the gradient of node, or None (always None without a backward pass)."""
+    """ggml_graph_get_grad: the gradient of node, or None (always None without a
+    backward pass)."""
     if cgraph.grads is None or id(node) not in cgraph.visited_hash_set:
         return None
     return cgraph.grads.get(id(node))
@@ -287,28 +323,36 @@ def graph_get_grad_acc(cgraph, node):
 
 
 def node_get_use_count(cgraph, node_idx):
-    """ggml_node_get_use_count (ggml-impl.h): how many operands of nodes refer to node node_idx."""
+    """ggml_node_get_use_count (ggml-impl.h): how many operands of nodes refer to node
+    node_idx."""
     return cgraph.use_counts.get(id(cgraph.nodes[node_idx]), 0)
 
 # %% book/04_graph.ipynb #graph-view-cpy
 def graph_view(cgraph0, i0, i1):
-    """ggml_graph_view: the nodes i0..i1-1 as a graph of size 0 sharing cgraph0's hash set."""
+    """ggml_graph_view: the nodes i0..i1-1 as a graph of size 0 sharing cgraph0's hash
+    set."""
     _check_graph(cgraph0, "graph_view")
     view = CGraph(0)
     view.nodes = cgraph0.nodes[i0:i1]
-    view.use_counts, view.visited_hash_set = cgraph0.use_counts, cgraph0.visited_hash_set
+    view.use_counts, view.visited_hash_set = (
+        cgraph0.use_counts,
+        cgraph0.visited_hash_set,
+    )
     view.hash_size, view.order = cgraph0.hash_size, cgraph0.order
     view._stamp = cgraph0._stamp
     return view
 
 
 def graph_cpy(src, dst):
-    """ggml_graph_cpy: copy src's nodes, leafs, hash set and use counts into the (larger) dst."""
+    """ggml_graph_cpy: copy src's nodes, leafs, hash set and use counts into the
+    (larger) dst."""
     _check_graph(src, "graph_cpy")
     _check_graph(dst, "graph_cpy")
-    for what, need, have in (("n_leafs", src.n_leafs, dst.size), ("n_nodes", src.n_nodes, dst.size),
+    for what, need, have in (("n_leafs", src.n_leafs, dst.size),
+                             ("n_nodes", src.n_nodes, dst.size),
                              ("hash set size", src.hash_size, dst.hash_size)):
-        require(have >= need, "graph_cpy", f"the destination is too small: {what} {need} > {have}",
+        require(have >= need, "graph_cpy",
+                f"the destination is too small: {what} {need} > {have}",
                 error=GraphFullError)
     dst.nodes, dst.leafs = list(src.nodes), list(src.leafs)
     dst.order = src.order
@@ -333,7 +377,8 @@ _UIDS = itertools.count(1)
 
 
 def graph_next_uid():
-    """ggml_graph_next_uid: 1, 2, 3, ... for the whole process (next() on a count is atomic under the GIL)."""
+    """ggml_graph_next_uid: 1, 2, 3, ... for the whole process (next() on a count is
+    atomic under the GIL)."""
     return next(_UIDS)
 
 # %% book/04_graph.ipynb #graph-print
@@ -343,18 +388,26 @@ def graph_print(cgraph, file=None):
     out = file if file is not None else sys.stdout
     lines = ["=== GRAPH ===", f"n_nodes = {cgraph.n_nodes}"]
     for i, node in enumerate(cgraph.nodes):
-        mark = "x" if node.flags & TensorFlag.PARAM else "g" if graph_get_grad(cgraph, node) else " "
+        mark = (
+            "x"
+            if node.flags & TensorFlag.PARAM
+            else "g"
+            if graph_get_grad(cgraph, node)
+            else " "
+        )
         lines.append(" - %3d: [ %5d, %5d, %5d] %16s %s"
                      % (i, node.ne[0], node.ne[1], node.ne[2], op_name(node.op), mark))
     lines.append(f"n_leafs = {cgraph.n_leafs}")
     for i, leaf in enumerate(cgraph.leafs):
-        lines.append(" - %3d: [ %5d, %5d] %8s %16s" % (i, leaf.ne[0], leaf.ne[1], op_name(leaf.op), leaf.name))
+        lines.append(" - %3d: [ %5d, %5d] %8s %16s" % (i, leaf.ne[0], leaf.ne[1],
+                                                       op_name(leaf.op), leaf.name))
     lines.append("=" * 40)
     print("\n".join(lines), file=out)
 
 # %% book/04_graph.ipynb #graph-dot
 def _addresses():
-    """A tensor's "pointer" for the DOT file: the address of its descriptor object in the pool."""
+    """A tensor's "pointer" for the DOT file: the address of its descriptor object in
+    the pool."""
     cache = {}
 
     def address(t):
@@ -376,9 +429,11 @@ def _graph_find(cgraph, node):
 
 # %% book/04_graph.ipynb #graph-dot-fn
 def graph_dump_dot(gb, gf=None, filename=None):
-    """ggml_graph_dump_dot: the graph gb in Graphviz DOT (gf marks the forward part); returns the text.
+    """ggml_graph_dump_dot: the graph gb in Graphviz DOT (gf marks the forward part);
+    returns the text.
 
-    Called as graph_dump_dot(gb, gf, filename) like ggml, or graph_dump_dot(gb, filename).
+    Called as graph_dump_dot(gb, gf, filename) like ggml, or graph_dump_dot(gb,
+    filename).
     """
     if filename is None and isinstance(gf, (str, os.PathLike)):
         gf, filename = None, gf
@@ -395,25 +450,38 @@ def graph_dump_dot(gb, gf=None, filename=None):
             color = "green" if _graph_find(gf, node) else "lightblue"
         else:
             color = "white"
-        label = f"{node.name} ({type_name(node.type)})|" if node.name else f"({type_name(node.type)})|"
+        label = (
+            f"{node.name} ({type_name(node.type)})|"
+            if node.name
+            else f"({type_name(node.type)})|"
+        )
         dims = node.ne[:2] if is_matrix(node) else node.ne[:3]
         label += f"{i} [{', '.join(str(n) for n in dims)}] | <x>{op_symbol(node.op)}"
         if grad is not None:
             label += f" | <g>{op_symbol(grad.op)}"
-        out.append(f'  "{addr(node)}" [ style = filled; fillcolor = {color}; shape = record; label="{label}"; ]')
+        out.append(f'  "{addr(node)}" [ style = filled; fillcolor = {color}; shape = '
+                   f'record; label="{label}"; ]')
     for i, leaf in enumerate(gb.leafs):
-        label = f"<x>{leaf.name} ({type_name(leaf.type)})|" if leaf.name else f"<x>({type_name(leaf.type)})|"
+        label = (
+            f"<x>{leaf.name} ({type_name(leaf.type)})|"
+            if leaf.name
+            else f"<x>({type_name(leaf.type)})|"
+        )
         label += f"CONST {i} [{leaf.ne[0]}, {leaf.ne[1]}]"
         if nelements(leaf) < 5 and leaf.data:
-            label += " | (" + ", ".join("#" * nelements(leaf)) + ")"   # ggml prints no values either
-        out.append(f'  "{addr(leaf)}" [ style = filled; fillcolor = pink; shape = record; label="{label}"; ]')
+            # ggml prints no values either
+            label += " | (" + ", ".join("#" * nelements(leaf)) + ")"
+        out.append(f'  "{addr(leaf)}" [ style = filled; fillcolor = pink; shape = '
+                   f'record; label="{label}"; ]')
     for node in gb.nodes:
         for j, src in enumerate(node.src):
             if src is None:
                 continue
             gparent, gparent0 = _graph_get_parent(gb, node), _graph_get_parent(gb, src)
-            out.append(f'  "{addr(gparent0 or src)}" -> "{addr(gparent or node)}" [ arrowhead = '
-                       f'{"empty" if gparent else "vee"}; style = {"dashed" if gparent else "solid"}; '
+            out.append(f'  "{addr(gparent0 or src)}" -> "{addr(gparent or node)}" [ '
+                       f'arrowhead = '
+                       f'{"empty" if gparent else "vee"}; style = '
+                       f'{"dashed" if gparent else "solid"}; '
                        f'label = "src {j}"; ]')
     for leaf in gb.leafs:
         for j, src in enumerate(leaf.src):
@@ -433,8 +501,8 @@ def _check_graph(graph, where):
 
 
 def graph_check_alive(cgraph, where):
-    """Raise GGMLError if the graph, or any of its leafs, nodes and their operands, is gone
-    (freed or reset)."""
+    """Raise GGMLError if the graph, or any of its leafs, nodes and their operands, is
+    gone (freed or reset)."""
     _check_graph(cgraph, where)
     operands = itertools.chain.from_iterable((n, *n.src) for n in cgraph.nodes)
     gone = first_gone(itertools.chain(cgraph.leafs, operands))
