@@ -14,10 +14,13 @@ from ggml_lite.types import type_name
 
 MAX_DIMS = 4          # GGML_MAX_DIMS: every tensor is 4-D; unused dims have ne = 1
 MAX_SRC = 10          # GGML_MAX_SRC: operands per op
-MAX_OP_PARAMS = 64    # GGML_MAX_OP_PARAMS: bytes of op parameters, int32_t op_params[16]
+# GGML_MAX_OP_PARAMS: bytes of op parameters, int32_t op_params[16]
+MAX_OP_PARAMS = 64
 MAX_NAME = 64         # GGML_MAX_NAME: char name[64], so at most 63 characters are kept
 MEM_ALIGN = 16        # GGML_MEM_ALIGN on 64-bit machines
-OBJECT_SIZE = 32      # GGML_OBJECT_SIZE (ggml.c): sizeof(struct ggml_object), the header in front of every object
+# GGML_OBJECT_SIZE (ggml.c): sizeof(struct ggml_object), the header in front of every
+# object
+OBJECT_SIZE = 32
 TENSOR_SIZE = 336     # sizeof(struct ggml_tensor) on 64-bit machines
 
 
@@ -38,12 +41,14 @@ def address(arr):
     return arr.__array_interface__["data"][0]
 
 # %% book/02_tensor.ipynb #tensor-header
-_HEADER = struct.Struct("<QQQi4x")   # struct ggml_object: offs, size, next, type, padding
+# struct ggml_object: offs, size, next, type, padding
+_HEADER = struct.Struct("<QQQi4x")
 assert _HEADER.size == OBJECT_SIZE
 
 
 class _Object:
-    """One entry of the context's object list: where its payload is, how big, and what it is."""
+    """One entry of the context's object list: where its payload is, how big, and what
+    it is."""
     __slots__ = ("offs", "size", "type", "payload")
 
     def __init__(self, offs, size, type, payload=None):
@@ -51,7 +56,8 @@ class _Object:
 
 
 def aligned_zeros(nbytes, alignment=64):
-    """A zeroed uint8 array whose first byte is `alignment`-aligned (ggml_aligned_malloc)."""
+    """A zeroed uint8 array whose first byte is `alignment`-aligned
+    (ggml_aligned_malloc)."""
     raw = np.zeros(nbytes + alignment, dtype=np.uint8)
     skip = (-address(raw)) % alignment
     return raw[skip:skip + nbytes]
@@ -69,7 +75,8 @@ def _as_byte_array(buf, mem_size):
 
 # %% book/02_tensor.ipynb #tensor-context
 class Context:
-    """struct ggml_context: a memory pool of objects (tensors, graphs, work buffers) laid back to back.
+    """struct ggml_context: a memory pool of objects (tensors, graphs, work buffers)
+    laid back to back.
 
     Made by init(); iterate over it to walk its tensors in creation order.
     """
@@ -77,13 +84,16 @@ class Context:
     def __init__(self, mem_size, mem_buffer, mem_buffer_owned, no_alloc):
         self.mem_size = mem_size                  # bytes in the pool
         self.mem_buffer = mem_buffer              # the pool: a numpy uint8 array
-        self.mem_buffer_owned = mem_buffer_owned  # False when the caller passed mem_buffer
-        self.no_alloc = no_alloc                  # True: tensors get descriptors only, data = NULL
-        self.n_objects = 0                        # tensors made (ggml counts tensors here)
-        self.objects = []                         # objects_begin .. objects_end, in order
-        self._freed = False                       # ggml_free was called: no new objects
-        self._generation = 0                      # bumped when the pool's objects are gone
-        self._ends = {}                           # generation -> how its objects went
+        # False when the caller passed mem_buffer
+        self.mem_buffer_owned = mem_buffer_owned
+        self.no_alloc = no_alloc       # True: tensors get descriptors only, data = NULL
+        self.n_objects = 0             # tensors made (ggml counts tensors here)
+        self.objects = []              # objects_begin .. objects_end, in order
+        # ggml_lite only ("When a tensor's memory is gone"): freed?, generations of the
+        # pool
+        self._freed = False
+        self._generation = 0
+        self._ends = {}
 
     @property
     def base(self):
@@ -92,7 +102,9 @@ class Context:
         return address(self.mem_buffer)
 
     def __iter__(self):
-        return (obj.payload for obj in list(self.objects) if obj.type == ObjectType.TENSOR)
+        return (
+            obj.payload for obj in list(self.objects) if obj.type == ObjectType.TENSOR
+        )
 
     def __enter__(self):
         return self
@@ -108,10 +120,12 @@ class Context:
 
 # %% book/02_tensor.ipynb #tensor-init
 def init(mem_size=0, mem_buffer=None, no_alloc=False):
-    """ggml_init: a context over a pool of mem_size bytes (rounded up to 16 unless mem_buffer is given).
+    """ggml_init: a context over a pool of mem_size bytes (rounded up to 16 unless
+    mem_buffer is given).
 
-    mem_buffer: optional caller-owned memory (a numpy array, bytearray, ...), 16-byte aligned.
-    no_alloc: make descriptors only; their data is placed later (by an allocator or a backend).
+    mem_buffer: optional caller-owned memory (a numpy array, bytearray, ...), 16-byte
+    aligned. no_alloc: make descriptors only; their data is placed later (by an
+    allocator or a backend).
     """
     mem_size = int(mem_size)
     require(mem_size >= 0, "init", f"mem_size = {mem_size} is negative")
@@ -120,40 +134,38 @@ def init(mem_size=0, mem_buffer=None, no_alloc=False):
     if mem_buffer is None:
         mem_size = PAD(mem_size, MEM_ALIGN)
         return Context(mem_size, aligned_zeros(mem_size), True, bool(no_alloc))
-    return Context(mem_size, _as_byte_array(mem_buffer, mem_size), False, bool(no_alloc))
+    return Context(mem_size, _as_byte_array(mem_buffer, mem_size), False,
+                   bool(no_alloc))
 
 
 def free(ctx):
-    """ggml_free: release the context, and its pool if the context owns it (mem_buffer_owned).
+    """ggml_free: release the context, and its pool if the context owns it
+    (mem_buffer_owned).
 
-    A pool the context allocated goes with it, and every tensor and graph in it is gone. A
-    caller's mem_buffer stays the caller's: the tensors and graphs laid in it stay usable, as
-    in ggml, which frees mem_buffer only when it allocated it. No new object can be made in a
-    freed context either way.
+    A pool the context allocated goes with it, and every tensor and graph in it is gone.
+    A caller's mem_buffer stays the caller's: the tensors and graphs laid in it stay
+    usable, as in ggml, which frees mem_buffer only when it allocated it. No new object
+    can be made in a freed context either way.
     """
     if ctx is None or ctx._freed:
         return
     ctx._freed = True
     if ctx.mem_buffer_owned:
-        _end_generation(ctx, "was freed (ggml_free) together with the memory pool it owned")
+        _end_generation(ctx,
+                        "was freed (ggml_free) together with the memory pool it owned")
         ctx.objects = []
         ctx.mem_buffer = None   # numpy views handed out earlier keep their bytes alive
 
 
 def reset(ctx):
-    """ggml_reset: forget all objects; the pool is reused from its start. Old tensors are dead."""
+    """ggml_reset: forget all objects; the pool is reused from its start. Old tensors
+    are dead."""
     if ctx is None:
         return
     context_check_alive(ctx)
     _end_generation(ctx, "was reset (ggml_reset): its pool is being reused")
     ctx.n_objects = 0
     ctx.objects = []
-
-
-def _end_generation(ctx, how):
-    """The objects made so far in ctx are gone; remember how, for the errors that name them."""
-    ctx._ends[ctx._generation] = how
-    ctx._generation += 1
 
 # %% book/02_tensor.ipynb #tensor-getters
 def used_mem(ctx):
@@ -187,23 +199,19 @@ def set_no_alloc(ctx, no_alloc):
 
 
 def tensor_overhead():
-    """ggml_tensor_overhead: pool bytes a tensor costs before its data (object header + descriptor)."""
+    """ggml_tensor_overhead: pool bytes a tensor costs before its data (object header +
+    descriptor)."""
     return OBJECT_SIZE + TENSOR_SIZE
 
 # %% book/02_tensor.ipynb #tensor-check-alive
-def context_check_alive(ctx, where=None):
-    """The one freed-context check: a context that ggml_free released makes no new object."""
-    if ctx._freed:
-        raise GGMLError(f"{where + ': ' if where else ''}the context was freed (ggml_free): "
-                        f"no new object can be made in it")
-
-
 def new_object(ctx, obj_type, size, payload=None, where=None):
-    """ggml_new_object: append an object of `size` bytes (padded to 16) to the pool; its payload offset.
-    `where`: the call that asked (new_tensor_2d, new_graph_custom, ...), named in the error.
+    """ggml_new_object: append an object of `size` bytes (padded to 16) to the pool; its
+    payload offset. `where`: the call that asked (new_tensor_2d, new_graph_custom, ...),
+    named in the error.
 
-    The 32-byte header is written into the pool in front of the payload and linked from the
-    previous header (`next` holds the new header's address, as ggml's pointer would).
+    The 32-byte header is written into the pool in front of the payload and linked from
+    the previous header (`next` holds the new header's address, as ggml's pointer
+    would).
     """
     context_check_alive(ctx)
     require(size >= 0, "ggml_new_object", f"negative size {size}")
@@ -211,20 +219,38 @@ def new_object(ctx, obj_type, size, payload=None, where=None):
     size_needed = PAD(size, MEM_ALIGN)
     needed = cur_end + size_needed + OBJECT_SIZE
     if needed > ctx.mem_size:            # ggml's message, with the call that ran out
-        raise GGMLError(f"{where + ': ' if where else ''}not enough space in the context's memory pool "
+        raise GGMLError(f"{where + ': ' if where else ''}not enough space in the "
+                        f"context's memory pool "
                         f"(needed {needed}, available {ctx.mem_size})")
     obj = _Object(cur_end + OBJECT_SIZE, size_needed, ObjectType(obj_type), payload)
     pool = ctx.mem_buffer
     _HEADER.pack_into(pool, cur_end, obj.offs, obj.size, 0, int(obj.type))
-    if ctx.objects:                      # link: previous header's `next` = address of this header
+    if ctx.objects:            # link: previous header's `next` = address of this header
         prev_header = ctx.objects[-1].offs - OBJECT_SIZE
         struct.pack_into("<Q", pool, prev_header + 16, address(pool) + cur_end)
     ctx.objects.append(obj)
     return obj.offs
 
+# %% book/02_tensor.ipynb #fad1b540c6
+def _end_generation(ctx, how):
+    """The objects made so far in ctx are gone; remember how, for the errors that name
+    them."""
+    ctx._ends[ctx._generation] = how
+    ctx._generation += 1
+
+
+def context_check_alive(ctx, where=None):
+    """The one freed-context check: a context that ggml_free released makes no new
+    object."""
+    if ctx._freed:
+        raise GGMLError(f"{where + ': ' if where else ''}the context was freed "
+                        f"(ggml_free): "
+                        f"no new object can be made in it")
+
 # %% book/02_tensor.ipynb #tensor-lifetime
 def pool_stamp(ctx):
-    """What an object made in ctx's pool now keeps of it: the context and the pool's generation."""
+    """What an object made in ctx's pool now keeps of it: the context and the pool's
+    generation."""
     return (ctx, ctx._generation)
 
 
@@ -255,14 +281,17 @@ def tensor_is_alive(t):
 
 
 def tensor_check_alive(t, where):
-    """Raise GGMLError naming t if its memory is gone (freed with the pool its context owned, or reset)."""
+    """Raise GGMLError naming t if its memory is gone (freed with the pool its context
+    owned, or reset)."""
     why = _tensor_gone(t)
-    require(why is None, where, lambda: f"tensor {_describe(t)} is gone: {why}")   # hot: every entry point
+    # hot: every entry point
+    require(why is None, where, lambda: f"tensor {_describe(t)} is gone: {why}")
 
 
 def first_gone(tensors):
-    """The first of `tensors` (None entries skipped) that tensor_is_alive would call gone, or None:
-    the same test without building a reason, for checks over a whole graph at every compute."""
+    """The first of `tensors` (None entries skipped) that tensor_is_alive would call
+    gone, or None: the same test without building a reason, for checks over a whole
+    graph at every compute."""
     for t in tensors:
         if t is None:
             continue
@@ -275,8 +304,14 @@ def first_gone(tensors):
 
 
 def descriptor_address(t):
-    """The address of t's descriptor in its context's pool (what a C pointer to t holds), or None."""
+    """The address of t's descriptor in its context's pool (what a C pointer to t
+    holds), or None."""
     ctx = t._ctx
-    if ctx is None or t._offs is None or not tensor_is_alive(t) or ctx.mem_buffer is None:
+    if (
+        ctx is None
+        or t._offs is None
+        or not tensor_is_alive(t)
+        or ctx.mem_buffer is None
+    ):
         return None
     return address(ctx.mem_buffer) + t._offs

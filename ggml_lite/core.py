@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 
 
 class GGMLError(Exception):
-    """What ggml would GGML_ASSERT or abort on: a message naming what was wrong, with the numbers."""
+    """What ggml would GGML_ASSERT or abort on: a message naming what was wrong, with
+    the numbers."""
 
 
 class Status(IntEnum):
@@ -22,10 +23,11 @@ class Status(IntEnum):
 
 # %% book/00_intro.ipynb #core-require
 def require(ok, where, message, assertion=None, error=GGMLError):
-    """GGML_ASSERT as an exception: unless `ok`, raise `error` (GGMLError or a subclass) saying
-    `where` it failed, what ggml asserts (`assertion`, C's condition, when given) and `message`,
-    which carries the numbers: "mul_mat: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed: a.ne=...".
-    On a hot path, pass the message as a function of no arguments: it is called only on failure."""
+    """GGML_ASSERT as an exception: unless `ok`, raise `error` (GGMLError or a subclass)
+    saying `where` it failed, what ggml asserts (`assertion`, C's condition, when given)
+    and `message`, which carries the numbers:
+    "mul_mat: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed: a.ne=...". On a hot path, pass
+    the message as a function of no arguments: it is called only on failure."""
     if not ok:
         if callable(message):
             message = message()
@@ -44,8 +46,9 @@ def check_index(i, n, where, what):
 
 
 def as_bytes(data, where, writable=False, what="data"):
-    """A flat uint8 view of a numpy array (its bytes in C order) or of a bytes-like object.
-    writable=True: the view writes into `data` itself, so a copy is refused, never made."""
+    """A flat uint8 view of a numpy array (its bytes in C order) or of a bytes-like
+    object. writable=True: the view writes into `data` itself, so a copy is refused,
+    never made."""
     if isinstance(data, np.ndarray):
         if writable:
             require(data.flags.c_contiguous and data.flags.writeable, where,
@@ -55,7 +58,13 @@ def as_bytes(data, where, writable=False, what="data"):
     try:
         arr = np.frombuffer(data, dtype=np.uint8)
     except TypeError:
-        raise GGMLError(f"{where}: {what} must be a numpy array or a bytes-like object, "
-                        f"not {type(data).__name__}") from None
-    require(arr.flags.writeable or not writable, where, f"{what} must be writable (bytearray, not bytes)")
+        raise GGMLError(
+            f"{where}: {what} must be a numpy array or a bytes-like object, "
+            f"not {type(data).__name__}"
+        ) from None
+    require(
+        arr.flags.writeable or not writable,
+        where,
+        f"{what} must be writable (bytearray, not bytes)",
+    )
     return arr

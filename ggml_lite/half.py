@@ -11,8 +11,9 @@ from ggml_lite.core import require
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fp32_to_fp16(f) -> int:
-    """IEEE binary16 bits (uint16) of a float32, round to nearest even; overflow goes to inf.
-    A NaN keeps its sign and top payload bits (numpy's rule, so gguf agrees byte for byte)."""
+    """IEEE binary16 bits (uint16) of a float32, round to nearest even; overflow goes to
+    inf. A NaN keeps its sign and top payload bits (numpy's rule, so gguf agrees byte
+    for byte)."""
     a = np.int64(np.float32(f).view(np.uint32))
     sign = (a >> 16) & 0x8000
     a &= 0x7FFFFFFF
@@ -21,14 +22,14 @@ def fp32_to_fp16(f) -> int:
             return np.uint16(sign | 0x7C00)
         m = (a >> 13) & 0x3FF
         return np.uint16(sign | 0x7C00 | (m if m else 1))
-    if a >= 0x477FF000:                           # >= 65520 rounds past the largest half, 65504
+    if a >= 0x477FF000:                   # >= 65520 rounds past the largest half, 65504
         return np.uint16(sign | 0x7C00)
-    if a >= 0x38800000:                           # a normal half: rebias the exponent, round 13 bits
+    if a >= 0x38800000:              # a normal half: rebias the exponent, round 13 bits
         v = a - 0x38000000
         return np.uint16(sign | ((v + 0x0FFF + ((v >> 13) & 1)) >> 13))
-    if a < 0x33000000:                            # below half the smallest subnormal: signed zero
+    if a < 0x33000000:                  # below half the smallest subnormal: signed zero
         return np.uint16(sign)
-    m = (a & 0x7FFFFF) | 0x800000                 # a subnormal half: count units of 2**-24
+    m = (a & 0x7FFFFF) | 0x800000              # a subnormal half: count units of 2**-24
     s = 126 - (a >> 23)
     q = m >> s
     rem = m & ((1 << s) - 1)
@@ -57,8 +58,9 @@ def fp16_to_fp32(h):
 # %% book/01_types.ipynb #types-half-bf16
 @njit(cache=True, nogil=True, error_model="numpy")
 def fp32_to_bf16(f) -> int:
-    """bf16 bits (uint16) of a float32: ggml_compute_fp32_to_bf16. Round to nearest even;
-    a NaN is made quiet (bit 6 of the result set) instead of being rounded into inf."""
+    """bf16 bits (uint16) of a float32: ggml_compute_fp32_to_bf16. Round to nearest
+    even; a NaN is made quiet (bit 6 of the result set) instead of being rounded into
+    inf."""
     u = np.int64(np.float32(f).view(np.uint32))
     if (u & 0x7FFFFFFF) > 0x7F800000:
         return np.uint16((u >> 16) | 64)
@@ -100,10 +102,12 @@ def bf16_to_fp32_row(x, y):
 
 # %% book/01_types.ipynb #types-half-checks
 def float32_array(x, where: str) -> np.ndarray:
-    """x as a C-contiguous float32 array; any other dtype is refused, never converted silently."""
+    """x as a C-contiguous float32 array; any other dtype is refused, never converted
+    silently."""
     x = np.asarray(x)
     require(x.dtype == np.float32, where, f"expected float32 data, got {x.dtype} "
-                                          f"(convert explicitly, e.g. x.astype(np.float32))")
+                                          f"(convert explicitly, e.g. "
+                                          f"x.astype(np.float32))")
     return np.ascontiguousarray(x)
 
 

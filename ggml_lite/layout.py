@@ -18,7 +18,8 @@ def nrows(t):
 
 
 def nbytes(t):
-    """ggml_nbytes: bytes from the first element to one past the last, following the strides."""
+    """ggml_nbytes: bytes from the first element to one past the last, following the
+    strides."""
     ne, nb = t.ne, t.nb
     if ne[0] <= 0 or ne[1] <= 0 or ne[2] <= 0 or ne[3] <= 0:
         return 0
@@ -98,7 +99,8 @@ def is_contiguous_0(t):
 
 
 def is_contiguous_1(t):
-    """ggml_is_contiguous_1: rows dense, dims >= 2 packed; the row stride nb1 is free."""
+    """ggml_is_contiguous_1: rows dense, dims >= 2 packed; the row stride nb1 is
+    free."""
     return _is_contiguous_n(t, 1)
 
 
@@ -113,7 +115,8 @@ def is_contiguous_rows(t):
 
 
 def is_contiguously_allocated(t):
-    """ggml_is_contiguously_allocated: the extent is exactly the data size (no gaps, any order)."""
+    """ggml_is_contiguously_allocated: the extent is exactly the data size (no gaps, any
+    order)."""
     return nbytes(t) == nelements(t) * type_size(t.type) // blck_size(t.type)
 
 
@@ -138,7 +141,8 @@ def are_same_layout(a, b):
 
 
 def can_repeat(t0, t1):
-    """ggml_can_repeat: t1 can be tiled from copies of t0 (each ne of t1 a multiple of t0's)."""
+    """ggml_can_repeat: t1 can be tiled from copies of t0 (each ne of t1 a multiple of
+    t0's)."""
     if is_empty(t0):
         return is_empty(t1)
     return all(t1.ne[i] % t0.ne[i] == 0 for i in range(MAX_DIMS))
@@ -148,13 +152,16 @@ from ggml_lite.core import require
 
 
 def require_same_shape(a, b, where, names=("a", "b")):
-    """The one shape-equality check (ggml_are_same_shape), naming both shapes when it fails."""
-    require(are_same_shape(a, b), where, lambda: f"{names[0]}.ne={list(a.ne)}, {names[1]}.ne={list(b.ne)}",
+    """The one shape-equality check (ggml_are_same_shape), naming both shapes when it
+    fails."""
+    require(are_same_shape(a, b), where,
+            lambda: f"{names[0]}.ne={list(a.ne)}, {names[1]}.ne={list(b.ne)}",
             assertion=f"ggml_are_same_shape({names[0]}, {names[1]})")
 
 
 def _is_contiguous_n(t, n):
-    """ggml_is_contiguous_n: dim 0 dense; dims 1..n any stride; dims > n packed on the previous."""
+    """ggml_is_contiguous_n: dim 0 dense; dims 1..n any stride; dims > n packed on the
+    previous."""
     next_nb = type_size(t.type)
     if t.ne[0] != blck_size(t.type) and t.nb[0] != next_nb:
         return False

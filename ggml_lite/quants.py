@@ -7,22 +7,30 @@ __all__ = ['QK4_0', 'QK4_1', 'QK8_0', 'QK8_1', 'QK_K', 'K_SCALE_SIZE', 'GROUP_MA
 import numpy as np
 from numba import njit
 
-# ggml-common.h: the block sizes, shared by the quantizers (quants.py) and the traits (types.py)
+# ggml-common.h: the block sizes, shared by the quantizers (quants.py) and the traits
+# (types.py)
 QK4_0 = QK4_1 = QK8_0 = QK8_1 = 32  # elements per block of the 32-element formats
-QK_K = 256                           # elements per super-block of the K-quants
-K_SCALE_SIZE = 12                    # bytes of packed 6-bit scales and mins in block_q4_K
+QK_K = 256                         # elements per super-block of the K-quants
+K_SCALE_SIZE = 12                  # bytes of packed 6-bit scales and mins in block_q4_K
 
 # %% book/01_types.ipynb #types-prims
 from ggml_lite.half import fp16_to_fp32, fp32_to_fp16
 
-_F0, _F1, _F8_5, _F0_5 = np.float32(0.0), np.float32(1.0), np.float32(8.5), np.float32(0.5)
-GROUP_MAX_EPS = np.float32(1e-15)   # ggml: a group whose largest |x| is below this is all zero
+_F0, _F1, _F8_5, _F0_5 = (
+    np.float32(0.0),
+    np.float32(1.0),
+    np.float32(8.5),
+    np.float32(0.5),
+)
+# ggml: a group whose largest |x| is below this is all zero
+GROUP_MAX_EPS = np.float32(1e-15)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def nearest_int(fval) -> int:
-    """ggml's nearest_int: add 1.5*2**23 so that the float adder rounds (half to even) into the
-    low mantissa bits, then read them. Exact round-half-to-even for |fval| <= 4194303."""
+    """ggml's nearest_int: add 1.5*2**23 so that the float adder rounds (half to even)
+    into the low mantissa bits, then read them. Exact round-half-to-even for |fval| <=
+    4194303."""
     val = np.float32(fval) + np.float32(12582912.0)
     return np.int64(np.float32(val).view(np.int32) & 0x007FFFFF) - 0x00400000
 
@@ -39,9 +47,10 @@ def roundf(v):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _to_int8(v) -> int:
-    """C's (int8_t) of a float as x86 compilers build it: truncate to int32 (cvttss2si, where NaN
-    and out-of-range give 0x80000000), keep the low byte. Finite in-range inputs never go near the
-    edges; the rule only matters for the inf/NaN products of an overflowing 1/d."""
+    """C's (int8_t) of a float as x86 compilers build it: truncate to int32 (cvttss2si,
+    where NaN and out-of-range give 0x80000000), keep the low byte. Finite in-range
+    inputs never go near the edges; the rule only matters for the inf/NaN products of an
+    overflowing 1/d."""
     if not (v > np.float32(-2147483648.0) and v < np.float32(2147483648.0)):
         return 0
     return ((np.int64(v) + 128) & 0xFF) - 128
@@ -61,7 +70,12 @@ def _put_f16(b, off, v):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _get_f32(b, off):
-    u = np.int64(b[off]) | (np.int64(b[off + 1]) << 8) | (np.int64(b[off + 2]) << 16) | (np.int64(b[off + 3]) << 24)
+    u = (
+        np.int64(b[off])
+        | (np.int64(b[off + 1]) << 8)
+        | (np.int64(b[off + 2]) << 16)
+        | (np.int64(b[off + 3]) << 24)
+    )
     return np.uint32(u).view(np.float32)
 
 
@@ -78,10 +92,10 @@ def quantize_row_q4_0_ref(x, y):
     for i in range(x.shape[0] // QK4_0):
         o, b = i * QK4_0, i * 18
         amax, mx = _F0, _F0
-        for j in range(QK4_0):                   # the signed value of the largest |x|, first wins
+        for j in range(QK4_0):         # the signed value of the largest |x|, first wins
             if amax < abs(x[o + j]):
                 amax, mx = abs(x[o + j]), x[o + j]
-        d = mx / np.float32(-8.0)                # so that mx itself is code 0, i.e. -8*d
+        d = mx / np.float32(-8.0)               # so that mx itself is code 0, i.e. -8*d
         idd = _F1 / d if d != _F0 else _F0
         _put_f16(y, b, d)
         for j in range(QK4_0 // 2):
@@ -135,7 +149,8 @@ def dequantize_row_q4_1(x, y):
 # %% book/01_types.ipynb #types-q8
 @njit(cache=True, nogil=True, error_model="numpy")
 def _absmax_scale(x, o, n):
-    """The symmetric 8-bit scale of x[o:o+n]: d = max|x|/127 and 1/d (0 for an all-zero block)."""
+    """The symmetric 8-bit scale of x[o:o+n]: d = max|x|/127 and 1/d (0 for an all-zero
+    block)."""
     amax = _F0
     for j in range(n):
         amax = max(amax, abs(x[o + j]))
@@ -145,7 +160,8 @@ def _absmax_scale(x, o, n):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dequantize_q8(x, y, qk, block_bytes, qs_offset):
-    """q * d for the 8-bit formats: blocks of qk codes, block_bytes long, the codes at qs_offset."""
+    """q * d for the 8-bit formats: blocks of qk codes, block_bytes long, the codes at
+    qs_offset."""
     for i in range(y.shape[0] // qk):
         o, b = i * qk, i * block_bytes
         d = _get_f16(x, b)
@@ -172,7 +188,8 @@ def dequantize_row_q8_0(x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_1_ref(x, y):
-    """block_q8_1 = {fp16 d; fp16 s; i8 qs[32]}: as q8_0, plus s = d * sum(q) for the q4_1 dot."""
+    """block_q8_1 = {fp16 d; fp16 s; i8 qs[32]}: as q8_0, plus s = d * sum(q) for the
+    q4_1 dot."""
     for i in range(x.shape[0] // QK8_1):
         o, b = i * QK8_1, i * 36
         d, idd = _absmax_scale(x, o, QK8_1)
@@ -187,15 +204,16 @@ def quantize_row_q8_1_ref(x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_1(x, y):
-    """q * d (ggml has no to_float for q8_1, an activation-only format; this is the obvious one)."""
+    """q * d (ggml has no to_float for q8_1, an activation-only format; this is the
+    obvious one)."""
     _dequantize_q8(x, y, QK8_1, 36, 4)
 
 # %% book/01_types.ipynb #types-q8k
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_K_ref(x, y):
-    """block_q8_K = {f32 d; i8 qs[256]; i16 bsums[16]}: the activation format of the K-quant dots.
-    An all-zero block gets d = 0 and zero codes (ggml leaves its bsums as they were; here they are
-    zeroed so that the bytes are deterministic)."""
+    """block_q8_K = {f32 d; i8 qs[256]; i16 bsums[16]}: the activation format of the
+    K-quant dots. An all-zero block gets d = 0 and zero codes (ggml leaves its bsums as
+    they were; here they are zeroed so that the bytes are deterministic)."""
     for i in range(x.shape[0] // QK_K):
         o, b = i * QK_K, i * 292
         amax, mx = _F0, _F0
@@ -230,11 +248,12 @@ def dequantize_row_q8_K(x, y):
 # %% book/01_types.ipynb #types-q4k
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep):
-    """ggml's make_qkx2_quants for x[o:o+n] with Q4_K's weights w = av_x + |x| (use_mad=false):
-    fit x ~ scale*L - the_min with codes L in 0..nmax by a weighted least-squares search over
-    nstep+1 trial inverse scales. Returns (scale, the_min, iscale, xmin): the codes are
-    L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or all 0 when iscale is 0. (ggml stores L
-    in a scratch array; numba has no stack arrays, so the winning iscale is kept instead.)"""
+    """ggml's make_qkx2_quants for x[o:o+n] with Q4_K's weights w = av_x + |x|
+    (use_mad=false): fit x ~ scale*L - the_min with codes L in 0..nmax by a weighted
+    least-squares search over nstep+1 trial inverse scales. Returns (scale, the_min,
+    iscale, xmin): the codes are L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or
+    all 0 when iscale is 0. (ggml stores L in a scratch array; numba has no stack
+    arrays, so the winning iscale is kept instead.)"""
     fmax = np.float32(nmax)
     xmin, xmax = x[o], x[o]
     sum_w = av_x + abs(x[o])
@@ -284,7 +303,7 @@ def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep):
                 best_error = cur_error
                 scale = this_scale
                 best_iscale, best_min = iscale, xmin
-                xmin = this_min              # ggml moves the offset, and later trials use it
+                xmin = this_min         # ggml moves the offset, and later trials use it
     return scale, -xmin, best_iscale, best_min
 
 # %% book/01_types.ipynb #types-q4k-pack
@@ -311,14 +330,15 @@ def get_scale_min_k4(j, q, off):
 # %% book/01_types.ipynb #types-q4k-row
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q4_K_ref(x, y):
-    """block_q4_K = {fp16 d; fp16 dmin; u8 scales[12]; u8 qs[128]}: 8 sub-blocks of 32, each
-    x ~ d*sc_j*q - dmin*m_j with 6-bit sc_j, m_j and 4-bit q."""
+    """block_q4_K = {fp16 d; fp16 dmin; u8 scales[12]; u8 qs[128]}: 8 sub-blocks of 32,
+    each x ~ d*sc_j*q - dmin*m_j with 6-bit sc_j, m_j and 4-bit q."""
     for i in range(x.shape[0] // QK_K):
         o, b = i * QK_K, i * 144
         max_scale, max_min = _F0, _F0
-        for j in range(8):                       # first pass: a float scale and min per sub-block,
+        for j in range(8):            # first pass: a float scale and min per sub-block,
             scale, mn, _, _ = _q4_K_sub_fit(x, o + 32 * j)
-            _put_f32(y, b + 16 + 4 * j, scale)   # parked in qs[], which the codes overwrite later
+            # parked in qs[], which the codes overwrite later
+            _put_f32(y, b + 16 + 4 * j, scale)
             _put_f32(y, b + 48 + 4 * j, mn)
             if scale > max_scale:
                 max_scale = scale
@@ -326,7 +346,7 @@ def quantize_row_q4_K_ref(x, y):
                 max_min = mn
         inv_scale = np.float32(63.0) / max_scale if max_scale > _F0 else _F0
         inv_min = np.float32(63.0) / max_min if max_min > _F0 else _F0
-        for j in range(8):                       # 6-bit scales and mins, relative to the largest
+        for j in range(8):              # 6-bit scales and mins, relative to the largest
             ls = min(63, nearest_int(inv_scale * _get_f32(y, b + 16 + 4 * j)) & 0xFF)
             lm = min(63, nearest_int(inv_min * _get_f32(y, b + 48 + 4 * j)) & 0xFF)
             if j < 4:
@@ -340,11 +360,11 @@ def quantize_row_q4_K_ref(x, y):
         _put_f16(y, b + 2, max_min / np.float32(63.0))
         d, dmin = _get_f16(y, b), _get_f16(y, b + 2)
         iscale, xmin = _F0, _F0
-        for j in range(8):                       # second pass: codes from the *stored* scales
+        for j in range(8):                 # second pass: codes from the *stored* scales
             sc, m = get_scale_min_k4(j, y, b + 4)
             dd = d * np.float32(sc)
             dm = dmin * np.float32(m)
-            if dd == _F0:                        # (a zero scale keeps the codes of the first fit)
+            if dd == _F0:              # (a zero scale keeps the codes of the first fit)
                 _, _, iscale, xmin = _q4_K_sub_fit(x, o + 32 * j)
             for l in range(32):
                 if dd != _F0:
@@ -352,7 +372,8 @@ def quantize_row_q4_K_ref(x, y):
                 elif iscale == _F0:
                     q = 0
                 else:
-                    q = max(0, min(15, nearest_int(iscale * (x[o + 32 * j + l] - xmin))))
+                    q = max(0, min(15,
+                                   nearest_int(iscale * (x[o + 32 * j + l] - xmin))))
                 k = b + 16 + 32 * (j // 2) + l
                 y[k] = q if j % 2 == 0 else np.int64(y[k]) | (q << 4)
 
@@ -374,10 +395,11 @@ def dequantize_row_q4_K(x, y):
 # %% book/01_types.ipynb #types-q6k
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qx_quants(x, o, n, nmax):
-    """ggml's make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) for x[o:o+n]: symmetric codes
-    l in -nmax..nmax-1, scale by least squares with weights x**2, 18 trial inverse scales around
-    -nmax/max. Returns (scale, iscale): the codes are L = nmax + clamp(nearest_int(iscale*x)),
-    or all 0 when iscale is 0 (an all-zero group)."""
+    """ggml's make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) for x[o:o+n]:
+    symmetric codes l in -nmax..nmax-1, scale by least squares with weights x**2, 18
+    trial inverse scales around -nmax/max. Returns (scale, iscale): the codes are L =
+    nmax + clamp(nearest_int(iscale*x)), or all 0 when iscale is 0 (an all-zero
+    group)."""
     amax, mx = _F0, _F0
     for i in range(o, o + n):
         if abs(x[i]) > amax:
@@ -414,7 +436,8 @@ def make_qx_quants(x, o, n, nmax):
 # %% book/01_types.ipynb #types-q6k-row
 @njit(cache=True, nogil=True, error_model="numpy")
 def _put_q6(y, b, e, q):
-    """OR the 6-bit code q of element e (0..255) into the ql/qh bytes of the block at y[b]."""
+    """OR the 6-bit code q of element e (0..255) into the ql/qh bytes of the block at
+    y[b]."""
     h, r = e // 128, e % 128
     l, k = r % 32, r // 32
     lo, hi = b + 64 * h + l + 32 * (k % 2), b + 128 + 32 * h + l
@@ -431,7 +454,8 @@ def quantize_row_q6_K_ref(x, y):
         max_scale, max_abs_scale = _F0, _F0
         for ib in range(16):
             scale, _ = make_qx_quants(x, o + 16 * ib, 16, 32)
-            _put_f32(y, b + 4 * ib, scale)       # parked in ql[], which the codes overwrite later
+            # parked in ql[], which the codes overwrite later
+            _put_f32(y, b + 4 * ib, scale)
             if abs(scale) > max_abs_scale:
                 max_abs_scale, max_scale = abs(scale), scale
         if max_abs_scale < GROUP_MAX_EPS:
@@ -441,14 +465,15 @@ def quantize_row_q6_K_ref(x, y):
         iscale = np.float32(-128.0) / max_scale
         _put_f16(y, b + 208, _F1 / iscale)
         for ib in range(16):
-            y[b + 192 + ib] = min(127, nearest_int(iscale * _get_f32(y, b + 4 * ib))) & 0xFF
+            y[b + 192 + ib] = min(127,
+                                  nearest_int(iscale * _get_f32(y, b + 4 * ib))) & 0xFF
         d = _get_f16(y, b + 208)
         for k in range(192):
             y[b + k] = 0
         iscale_j = _F0
         for j in range(16):                      # codes from the *stored* d and scales
             dd = d * np.float32(np.int8(y[b + 192 + j]))
-            if dd == _F0:                        # (a zero scale keeps make_qx_quants' codes)
+            if dd == _F0:                   # (a zero scale keeps make_qx_quants' codes)
                 _, iscale_j = make_qx_quants(x, o + 16 * j, 16, 32)
             for l in range(16):
                 v = x[o + 16 * j + l]
@@ -463,16 +488,37 @@ def quantize_row_q6_K_ref(x, y):
 # %% book/01_types.ipynb #types-q6k-deq
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q6_K(x, y):
-    """d * sc * (q - 32), in ggml's loop order: each half of 128 values takes 64 ql, 32 qh bytes."""
+    """d * sc * (q - 32), in ggml's loop order: each half of 128 values takes 64 ql, 32
+    qh bytes."""
     for i in range(y.shape[0] // QK_K):
         o, b = i * QK_K, i * 210
         d = _get_f16(x, b + 208)
         for h in range(2):
             ql, qh, sc, out = b + 64 * h, b + 128 + 32 * h, b + 192 + 8 * h, o + 128 * h
             for l in range(32):
-                lo0, lo1, hi = np.int64(x[ql + l]), np.int64(x[ql + l + 32]), np.int64(x[qh + l])
+                lo0, lo1, hi = (
+                    np.int64(x[ql + l]),
+                    np.int64(x[ql + l + 32]),
+                    np.int64(x[qh + l]),
+                )
                 s = l // 16
-                y[out + l] = d * np.float32(np.int8(x[sc + s])) * np.float32(((lo0 & 0xF) | ((hi & 3) << 4)) - 32)
-                y[out + l + 32] = d * np.float32(np.int8(x[sc + s + 2])) * np.float32(((lo1 & 0xF) | (((hi >> 2) & 3) << 4)) - 32)
-                y[out + l + 64] = d * np.float32(np.int8(x[sc + s + 4])) * np.float32(((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32)
-                y[out + l + 96] = d * np.float32(np.int8(x[sc + s + 6])) * np.float32(((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32)
+                y[out + l] = (
+                    d
+                    * np.float32(np.int8(x[sc + s]))
+                    * np.float32(((lo0 & 0xF) | ((hi & 3) << 4)) - 32)
+                )
+                y[out + l + 32] = (
+                    d
+                    * np.float32(np.int8(x[sc + s + 2]))
+                    * np.float32(((lo1 & 0xF) | (((hi >> 2) & 3) << 4)) - 32)
+                )
+                y[out + l + 64] = (
+                    d
+                    * np.float32(np.int8(x[sc + s + 4]))
+                    * np.float32(((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32)
+                )
+                y[out + l + 96] = (
+                    d
+                    * np.float32(np.int8(x[sc + s + 6]))
+                    * np.float32(((lo1 >> 4) | (((hi >> 6) & 3) << 4)) - 32)
+                )

@@ -74,6 +74,7 @@ class Tensor:
         self._name = ""
         self.extra = None                          # backend private
         self._ctx = ctx                            # the context that made this descriptor
+        # ggml_lite only: the pool generation it was made in ("When a tensor's memory is gone")
         self._gen = pool_stamp(ctx)[1] if ctx is not None else 0
         self._offs = None                          # the descriptor's offset in ctx's pool
 
@@ -441,16 +442,10 @@ def numpy_dtype(type):
     return _NUMPY_DTYPES.get(Type(type).name)
 
 
-_numpy_dtype = numpy_dtype                  # the older internal name
-
-
-_check_descriptor = tensor_check_alive      # the older internal name of the same check
-
-
 def _host_bytes(t, where):
     """The uint8 array that holds t's bytes: a backend buffer's host memory, or a context pool."""
     root = t.view_src if t.view_src is not None else t
-    _check_descriptor(root, where)
+    tensor_check_alive(root, where)
     buffer = t.buffer if t.buffer is not None else root.buffer
     if buffer is not None:
         # A buffer over host memory offers host_array(), its bytes as a uint8 array: the one thing
@@ -465,9 +460,9 @@ def _host_bytes(t, where):
 
 # %% book/02_tensor.ipynb #tensor-host-view
 def _host_view(t, where="numpy"):
-    _check_descriptor(t, where)
+    tensor_check_alive(t, where)
     quantized = is_quantized(t.type)
-    dtype = np.uint8 if quantized else _numpy_dtype(t.type)
+    dtype = np.uint8 if quantized else numpy_dtype(t.type)
     require(dtype is not None, where, lambda: f"no numpy dtype for type {type_name(t.type)}")
     bs = blck_size(t.type)
     if quantized:

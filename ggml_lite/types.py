@@ -14,8 +14,9 @@ from ggml_lite.core import GGMLError, require
 from ggml_lite.quants import K_SCALE_SIZE, QK4_0, QK4_1, QK8_0, QK8_1, QK_K
 
 class Type(enum.IntEnum):
-    """ggml's `enum ggml_type`: the numeric ids are ggml's (they are written into GGUF files).
-    Ids ggml has but this book does not implement yet (Q5_0=6, Q2_K=10, IQ*, ...) are left out."""
+    """ggml's `enum ggml_type`: the numeric ids are ggml's (they are written into GGUF
+    files). Ids ggml has but this book does not implement yet (Q5_0=6, Q2_K=10, IQ*,
+    ...) are left out."""
     F32 = 0
     F16 = 1
     Q4_0 = 2
@@ -52,7 +53,7 @@ _LAYOUT = {
 
 # %% book/01_types.ipynb #types-enum-traits
 def _as_type(t) -> Type:
-    if t.__class__ is Type:                 # the common case, without Enum's lookup (hot: nbytes)
+    if t.__class__ is Type:       # the common case, without Enum's lookup (hot: nbytes)
         return t
     try:
         return Type(t)
@@ -83,31 +84,39 @@ def is_quantized(t) -> bool:
 
 def _check_blocks(t: Type, n: int, where: str) -> None:
     bs = blck_size(t)
-    require(n % bs == 0, where, f"{n} elements is not a multiple of the {type_name(t)} block size {bs} "
-                                f"({n // bs} whole blocks and {n % bs} elements left over)")
+    require(n % bs == 0, where,
+            f"{n} elements is not a multiple of the {type_name(t)} block size {bs} "
+                                f"({n // bs} whole blocks and {n % bs} elements left "
+                                f"over)")
 
 
 def row_size(t, n: int) -> int:
-    """ggml_row_size: bytes taken by n elements of type t; n must be a whole number of blocks."""
+    """ggml_row_size: bytes taken by n elements of type t; n must be a whole number of
+    blocks."""
     t = _as_type(t)
     _check_blocks(t, n, "row_size")
     return type_size(t) * (n // blck_size(t))
 
 # %% book/01_types.ipynb #types-reexports
-from ggml_lite.half import (bf16_to_fp32, bf16_to_fp32_array, bf16_to_fp32_row,  # noqa: F401 (re-exported)
-                            float32_array, fp16_to_fp32, fp16_to_fp32_array, fp16_to_fp32_row, fp32_to_bf16,
-                            fp32_to_bf16_array, fp32_to_bf16_row, fp32_to_fp16, fp32_to_fp16_array,
+# noqa: F401 (re-exported)
+from ggml_lite.half import (bf16_to_fp32, bf16_to_fp32_array, bf16_to_fp32_row,
+                            float32_array, fp16_to_fp32, fp16_to_fp32_array,
+                            fp16_to_fp32_row, fp32_to_bf16, fp32_to_bf16_array,
+                            fp32_to_bf16_row, fp32_to_fp16, fp32_to_fp16_array,
                             fp32_to_fp16_row)
-from ggml_lite.quants import (GROUP_MAX_EPS, dequantize_row_q4_0, dequantize_row_q4_1,  # noqa: F401
-                              dequantize_row_q4_K, dequantize_row_q6_K, dequantize_row_q8_0,
-                              dequantize_row_q8_1, dequantize_row_q8_K, get_scale_min_k4, make_qkx2_quants,
-                              make_qx_quants, nearest_int, quantize_row_q4_0_ref, quantize_row_q4_1_ref,
-                              quantize_row_q4_K_ref, quantize_row_q6_K_ref, quantize_row_q8_0_ref,
+# noqa: F401
+from ggml_lite.quants import (GROUP_MAX_EPS, dequantize_row_q4_0, dequantize_row_q4_1,
+                              dequantize_row_q4_K, dequantize_row_q6_K,
+                              dequantize_row_q8_0, dequantize_row_q8_1,
+                              dequantize_row_q8_K, get_scale_min_k4, make_qkx2_quants,
+                              make_qx_quants, nearest_int, quantize_row_q4_0_ref,
+                              quantize_row_q4_1_ref, quantize_row_q4_K_ref,
+                              quantize_row_q6_K_ref, quantize_row_q8_0_ref,
                               quantize_row_q8_1_ref, quantize_row_q8_K_ref, roundf)
 
 # %% book/01_types.ipynb #types-traits
-# The numba row functions of each type: (from_float row, to_float row). F16/BF16 rows work on
-# uint16 arrays; every quantized row works on the uint8 bytes of its blocks.
+# The numba row functions of each type: (from_float row, to_float row). F16/BF16 rows
+# work on uint16 arrays; every quantized row works on the uint8 bytes of its blocks.
 _ROWS = {
     Type.F16: (fp32_to_fp16_row, fp16_to_fp32_row),
     Type.BF16: (fp32_to_bf16_row, bf16_to_fp32_row),
@@ -120,17 +129,19 @@ _ROWS = {
     Type.Q8_K: (quantize_row_q8_K_ref, dequantize_row_q8_K),
 }
 
-# type_traits_cpu[t].vec_dot_type: the format src1 (the activations) is converted to before the
-# dot products of mul_mat with weights of type t.
+# type_traits_cpu[t].vec_dot_type: the format src1 (the activations) is converted to
+# before the dot products of mul_mat with weights of type t.
 _VEC_DOT_TYPE = {
     Type.F32: Type.F32, Type.F16: Type.F16, Type.BF16: Type.BF16,
-    Type.Q4_0: Type.Q8_0, Type.Q4_1: Type.Q8_1, Type.Q8_0: Type.Q8_0, Type.Q8_1: Type.Q8_1,
+    Type.Q4_0: Type.Q8_0, Type.Q4_1: Type.Q8_1, Type.Q8_0: Type.Q8_0,
+                 Type.Q8_1: Type.Q8_1,
     Type.Q4_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
 }
 
 
 def _quantize_flat(t: Type, x: np.ndarray) -> np.ndarray:
-    """x: contiguous float32 of whole blocks -> its bytes in type t (one call, no Python loop)."""
+    """x: contiguous float32 of whole blocks -> its bytes in type t (one call, no Python
+    loop)."""
     if t == Type.F32:
         return x.reshape(-1).view(np.uint8).copy()
     to_row = _ROWS[t][0]
@@ -154,18 +165,21 @@ def _dequantize_flat(t: Type, data: np.ndarray, n: int) -> np.ndarray:
 
 
 def _check_finite(t: Type, x: np.ndarray, where: str) -> None:
-    """Policy: quantized formats reject NaN and inf (ggml's reference quantizers would silently
-    write garbage codes); F16/BF16 carry them, as the IEEE formats they are."""
+    """Policy: quantized formats reject NaN and inf (ggml's reference quantizers would
+    silently write garbage codes); F16/BF16 carry them, as the IEEE formats they are."""
     if is_quantized(t) and not np.isfinite(x).all():
         bad = np.flatnonzero(~np.isfinite(x.reshape(-1)))
         first = np.unravel_index(bad[0], x.shape)
-        raise GGMLError(f"{where}: {type_name(t)} cannot encode non-finite values: {bad.size} of {x.size} "
-                        f"are NaN or inf, the first at index {tuple(int(i) for i in first)} "
+        raise GGMLError(f"{where}: {type_name(t)} cannot encode non-finite values: "
+                        f"{bad.size} of {x.size} "
+                        f"are NaN or inf, the first at index "
+                        f"{tuple(int(i) for i in first)} "
                         f"(value {x.reshape(-1)[bad[0]]})")
 
 # %% book/01_types.ipynb #types-traits-wrap
 def _convertible(t: Type, where: str) -> None:
-    require(t in _ROWS or t == Type.F32, where, f"type {type_name(t)} has no float conversion")
+    require(t in _ROWS or t == Type.F32, where,
+            f"type {type_name(t)} has no float conversion")
 
 
 def _from_float(t: Type):
@@ -173,7 +187,8 @@ def _from_float(t: Type):
         """One row of float32 -> its bytes in this type (ggml's reference quantizer)."""
         where = f"from_float[{type_name(t)}]"
         x = float32_array(x, where)
-        require(x.ndim == 1, where, f"expected one row (a 1-D array), got shape {x.shape}")
+        require(x.ndim == 1, where,
+                f"expected one row (a 1-D array), got shape {x.shape}")
         _check_blocks(t, x.size, where)
         _check_finite(t, x, where)
         return _quantize_flat(t, x)
@@ -187,22 +202,28 @@ def _to_float(t: Type):
         data = _uint8_array(data, where)
         _check_blocks(t, n, where)
         need = row_size(t, n)
-        require(data.size >= need, where, f"{n} elements of {type_name(t)} need {need} bytes, got {data.size}")
+        require(data.size >= need, where,
+                f"{n} elements of {type_name(t)} need {need} bytes, got {data.size}")
         return _dequantize_flat(t, data.reshape(-1)[:need], n)
     return to_float
 
 
 def _uint8_array(data, where: str) -> np.ndarray:
     data = np.asarray(data)
-    require(data.dtype == np.uint8, where, f"expected the uint8 bytes of the blocks, got {data.dtype} "
-                                           f"(a bytes-like view is data.view(np.uint8))")
+    require(
+        data.dtype == np.uint8,
+        where,
+        f"expected the uint8 bytes of the blocks, got {data.dtype} "
+        f"(a bytes-like view is data.view(np.uint8))",
+    )
     return np.ascontiguousarray(data)
 
 # %% book/01_types.ipynb #types-traits-table
 @dataclass(frozen=True)
 class TypeTraits:
-    """ggml's `struct ggml_type_traits` with the CPU's `vec_dot_type`. The numba row functions
-    (from_float_row(x, y), to_float_row(x, y), no allocation, nogil) are what the CPU kernels call."""
+    """ggml's `struct ggml_type_traits` with the CPU's `vec_dot_type`. The numba row
+    functions (from_float_row(x, y), to_float_row(x, y), no allocation, nogil) are what
+    the CPU kernels call."""
     type_name: str
     blck_size: int
     type_size: int
@@ -230,14 +251,15 @@ def get_type_traits(t) -> TypeTraits:
 
 # %% book/01_types.ipynb #types-chunk
 def quantize_chunk(type, src) -> np.ndarray:
-    """ggml_quantize_chunk without an importance matrix: float32 (nrows, n_per_row) -> uint8
-    (nrows, row_size(type, n_per_row)). A 1-D src is one row. Each row is quantized by the
-    type's reference row quantizer."""
+    """ggml_quantize_chunk without an importance matrix: float32 (nrows, n_per_row) ->
+    uint8 (nrows, row_size(type, n_per_row)). A 1-D src is one row. Each row is
+    quantized by the type's reference row quantizer."""
     t = _as_type(type)
     where = f"quantize_chunk({type_name(t)})"
     _convertible(t, where)
     x = float32_array(src, where)
-    require(x.ndim in (1, 2), where, f"expected shape (nrows, n_per_row), got {x.shape}")
+    require(x.ndim in (1, 2), where,
+            f"expected shape (nrows, n_per_row), got {x.shape}")
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
     _check_blocks(t, x2.shape[1], where)
     rs = row_size(t, x2.shape[1])
@@ -247,8 +269,8 @@ def quantize_chunk(type, src) -> np.ndarray:
 
 
 def dequantize_rows(type, data, n_per_row: int) -> np.ndarray:
-    """The inverse of quantize_chunk: uint8 rows of row_size(type, n_per_row) bytes (shape
-    (nrows, row_size), or flat) -> float32 (nrows, n_per_row)."""
+    """The inverse of quantize_chunk: uint8 rows of row_size(type, n_per_row) bytes
+    (shape (nrows, row_size), or flat) -> float32 (nrows, n_per_row)."""
     t = _as_type(type)
     where = f"dequantize_rows({type_name(t)})"
     _convertible(t, where)
@@ -258,7 +280,10 @@ def dequantize_rows(type, data, n_per_row: int) -> np.ndarray:
     require(data.ndim <= 1 or (data.ndim == 2 and data.shape[1] == rs), where,
             f"{n_per_row} elements per row take {rs} bytes, but the data has "
             f"shape {data.shape} (pass shape (nrows, {rs}) or flat bytes)")
-    require(data.size % rs == 0, where, f"{data.size} bytes are not a whole number of rows of {rs} bytes "
-                                        f"({n_per_row} elements of {type_name(t)} per row)")
+    require(data.size % rs == 0, where,
+            f"{data.size} bytes are not a whole number of rows of {rs} bytes "
+                                        f"({n_per_row} elements of {type_name(t)} per "
+                                        f"row)")
     nrows = data.size // rs
-    return _dequantize_flat(t, data.reshape(-1), nrows * n_per_row).reshape(nrows, n_per_row)
+    return _dequantize_flat(t, data.reshape(-1),
+                            nrows * n_per_row).reshape(nrows, n_per_row)

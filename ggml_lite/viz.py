@@ -14,29 +14,39 @@ def _layout(cgraph):
     level, users = {}, {id(t): [] for t in members.values()}
     for t in cgraph.leafs:
         level[id(t)] = 0
-    for n in cgraph.nodes:                       # nodes[] is topological: operands come first
+    for n in cgraph.nodes:                 # nodes[] is topological: operands come first
         srcs = [s for s in n.src if s is not None and id(s) in members]
         level[id(n)] = 1 + max((level[id(s)] for s in srcs), default=0)
         for s in srcs:
             users[id(s)].append(n)
-    for n in reversed(cgraph.nodes):             # sink each node down to just above its first user
+    for n in reversed(cgraph.nodes):  # sink each node down to just above its first user
         if users[id(n)]:
-            level[id(n)] = max(level[id(n)], min(level[id(u)] for u in users[id(n)]) - 1)
-    for t in cgraph.leafs:                       # a leaf sits just above its first consumer
+            level[id(n)] = max(level[id(n)],
+                               min(level[id(u)] for u in users[id(n)]) - 1)
+    for t in cgraph.leafs:                   # a leaf sits just above its first consumer
         if users[id(t)]:
             level[id(t)] = min(level[id(u)] for u in users[id(t)]) - 1
     rows = {}
     for key in members:
         rows.setdefault(level[key], []).append(key)
     pos = {key: float(i) for row in rows.values() for i, key in enumerate(row)}
-    parents = {key: [id(s) for s in members[key].src if s is not None and id(s) in members] for key in members}
+    parents = {
+        key: [id(s) for s in members[key].src if s is not None and id(s) in members]
+        for key in members
+    }
     children = {key: [id(u) for u in users[key]] for key in members}
     for sweep in range(8):                       # barycenter sweeps, down then up
         neighbours = parents if sweep % 2 == 0 else children
         for lv in sorted(rows, reverse=sweep % 2 == 1):
             row = rows[lv]
-            bary = {k: (sum(pos[p] for p in neighbours[k]) / len(neighbours[k]) if neighbours[k] else pos[k])
-                    for k in row}
+            bary = {
+                k: (
+                    sum(pos[p] for p in neighbours[k]) / len(neighbours[k])
+                    if neighbours[k]
+                    else pos[k]
+                )
+                for k in row
+            }
             row.sort(key=lambda k: bary[k])
             width = max(len(r) for r in rows.values())
             for i, k in enumerate(row):
@@ -45,7 +55,8 @@ def _layout(cgraph):
 
 # %% book/04_graph.ipynb #graph-draw-fn
 def draw_graph(cgraph, ax=None, title=None):
-    """Draw a graph with matplotlib: pink leafs, grey views, orange mul_mat; '#i' = position in nodes[]."""
+    """Draw a graph with matplotlib: pink leafs, grey views, orange mul_mat; '#i' =
+    position in nodes[]."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
@@ -64,17 +75,25 @@ def draw_graph(cgraph, ax=None, title=None):
             if s is not None and id(s) in members:
                 (x0, y0), (x1, y1) = xy[id(s)], xy[key]
                 ax.annotate("", (x1, y1 + 0.2), (x0, y0 - 0.2),
-                            arrowprops=dict(arrowstyle="-|>", color="#777777", lw=0.7, shrinkA=0, shrinkB=0))
+                            arrowprops=dict(arrowstyle="-|>", color="#777777", lw=0.7,
+                                            shrinkA=0, shrinkB=0))
     for key, t in members.items():
         x, y = xy[key]
         if key in index:
-            color = "#cccccc" if is_view_op(t.op) else "#f9cb9c" if t.op == Op.MUL_MAT else "#cfe2f3"
+            color = (
+                "#cccccc"
+                if is_view_op(t.op)
+                else "#f9cb9c"
+                if t.op == Op.MUL_MAT
+                else "#cfe2f3"
+            )
             text = f"#{index[key]} {op_name(t.op)}\n{t.name[:28]}"
         else:
             color = "#f4c7d4"
             text = t.name[:28]
-        ax.add_patch(FancyBboxPatch((x - 0.46, y - 0.2), 0.92, 0.4, boxstyle="round,pad=0.02",
-                                    fc=color, ec="#444444", lw=0.6))
+        ax.add_patch(FancyBboxPatch((x - 0.46, y - 0.2), 0.92, 0.4,
+                                    boxstyle="round,pad=0.02", fc=color, ec="#444444",
+                                    lw=0.6))
         ax.text(x, y, text, ha="center", va="center", fontsize=5.8, family="monospace")
     if title:
         ax.set_title(title, fontsize=10)
