@@ -207,7 +207,7 @@ def glu_op_name(op):
     """ggml_glu_op_name"""
     return GluOp(op).name
 
-
+# %% book/03_ops.ipynb #ops-names-2
 def get_unary_op(t):
     """ggml_get_unary_op: the UnaryOp of an Op.UNARY tensor."""
     require(t.op == Op.UNARY, "get_unary_op", lambda: f"'{t.name}' has op {op_name(t.op)}",
