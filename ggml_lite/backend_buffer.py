@@ -33,7 +33,7 @@ def backend_buft_alloc_buffer(buft, size):
                    buft.get_name(), size, e)
         return None
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buft-api-2
 def backend_buft_get_alignment(buft):
     """ggml_backend_buft_get_alignment"""
     return buft.get_alignment()
@@ -80,7 +80,7 @@ def backend_buffer_get_size(buffer):
     """ggml_backend_buffer_get_size"""
     return buffer.size
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buffer-api-base
 def backend_buffer_get_base(buffer):
     """ggml_backend_buffer_get_base: the address of its first byte (0 for a 0-byte buffer)."""
     if buffer.size == 0:
@@ -118,7 +118,7 @@ def backend_buffer_get_alloc_size(buffer, tensor):
     """ggml_backend_buffer_get_alloc_size"""
     return backend_buft_get_alloc_size(buffer.buft, tensor)
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buffer-api-usage
 def backend_buffer_is_host(buffer):
     """ggml_backend_buffer_is_host"""
     return buffer.buft.is_host()
@@ -170,7 +170,7 @@ class _DummyBuffer(BackendBuffer):
     def clear(self, value):
         pass
 
-
+# %% book/07a_backend_buffers.ipynb #backend-multi-buffer-class
 class _MultiBuffer(BackendBuffer):
     """ggml's multi-buffer: several buffers of one type seen as one (free, clear, usage)."""
 
@@ -269,7 +269,7 @@ class HostBuffer(BackendBuffer):
     def clear(self, value):
         self._memory[:self.size] = value
 
-
+# %% book/07a_backend_buffers.ipynb #backend-host-bytes
 def host_bytes(t, n):
     """The first n bytes of t in its host buffer, as a uint8 view (no copy)."""
     buffer = tensor_buffer(t)
@@ -343,7 +343,7 @@ def backend_tensor_alloc(buffer, tensor, addr):
     tensor.data = addr
     return backend_buffer_init_tensor(buffer, tensor)
 
-
+# %% book/07a_backend_buffers.ipynb #backend-view-init
 def backend_view_init(tensor):
     """ggml_backend_view_init: place a view in its source's buffer, at view_src.data + view_offs."""
     where = "backend_view_init"

@@ -32,7 +32,7 @@ class BackendDevType(IntEnum):
     ACCEL = 3   # an accelerator used together with the CPU backend (BLAS, AMX)
     META = 4    # one device standing for several (tensor parallelism)
 
-
+# %% book/07a_backend_buffers.ipynb #backend-records
 @dataclass
 class BackendDevCaps:
     """struct ggml_backend_dev_caps: what a device can do beyond the minimum."""
