@@ -8,9 +8,15 @@ import logging
 
 import numpy as np
 
-from ggml_lite.backend_buffer import (backend_buffer_is_host, backend_buffer_name, backend_buft_alloc_buffer,
-                                      backend_buft_get_alignment, backend_buft_get_max_size, check_byte,
-                                      host_bytes)
+from ggml_lite.backend_buffer import (
+    backend_buffer_is_host,
+    backend_buffer_name,
+    backend_buft_alloc_buffer,
+    backend_buft_get_alignment,
+    backend_buft_get_max_size,
+    check_byte,
+    host_bytes,
+)
 from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, tensor_buffer
 from ggml_lite.core import as_bytes, check_index, require
 from ggml_lite.graph import graph_check_alive
@@ -21,18 +27,30 @@ _log = logging.getLogger("ggml_lite.backend")
 
 # %% book/07b_backend_streams.ipynb #backend-check-access
 def _check_access(t, offset, size, where, verb):
-    """ggml's three asserts of tensor_set/get/memset, with the numbers; the tensor's buffer."""
+    """ggml's three asserts of tensor_set/get/memset, with the numbers; the tensor's
+    buffer."""
     tensor_check_alive(t, where)
     buf = tensor_buffer(t)
-    require(buf is not None, where, lambda: f"tensor '{t.name}' has no buffer (tensor buffer not set): place "
-                                            "it in a backend buffer first (backend_alloc_ctx_tensors); a tensor "
-                                            "in a context's own pool is read and written with t.numpy()")
+    require(
+        buf is not None,
+        where,
+        lambda: (
+            f"tensor '{t.name}' has no buffer (tensor buffer not set): place "
+            "it in a backend buffer first (backend_alloc_ctx_tensors); a tensor "
+            "in a context's own pool is read and written with t.numpy()"
+        ),
+    )
     buffer_check_alive(buf, where)
     require(t.data, where, lambda: f"tensor '{t.name}' is not allocated (data is NULL)")
     n = nbytes(t)
-    require(0 <= offset and 0 <= size and offset + size <= n, where,
-            lambda: f"tensor {verb} out of bounds: offset + size <= ggml_nbytes(tensor) "
-                    f"fails: {offset} + {size} > {n} (tensor '{t.name}')")
+    require(
+        0 <= offset and 0 <= size and offset + size <= n,
+        where,
+        lambda: (
+            f"tensor {verb} out of bounds: offset + size <= ggml_nbytes(tensor) "
+            f"fails: {offset} + {size} > {n} (tensor '{t.name}')"
+        ),
+    )
     return buf
 
 
@@ -40,13 +58,19 @@ def _check_same_layout(src, dst, where):
     """ggml_are_same_layout(src, dst), both alive: what a tensor copy asserts."""
     tensor_check_alive(src, where)
     tensor_check_alive(dst, where)
-    require(are_same_layout(src, dst), where,
-            lambda: f"cannot copy tensors with different layouts: '{src.name}' is {type_name(src.type)} "
-                    f"ne={src.ne} nb={src.nb}, '{dst.name}' is {type_name(dst.type)} ne={dst.ne} nb={dst.nb}")
+    require(
+        are_same_layout(src, dst),
+        where,
+        lambda: (
+            f"cannot copy tensors with different layouts: '{src.name}' is {type_name(src.type)} "
+            f"ne={src.ne} nb={src.nb}, '{dst.name}' is {type_name(dst.type)} ne={dst.ne} nb={dst.nb}"
+        ),
+    )
 
 # %% book/07b_backend_streams.ipynb #backend-host-layout
 def _element_dtype(t):
-    """The numpy dtype of t.numpy(): uint8 block bytes for quantized types; None if there is none."""
+    """The numpy dtype of t.numpy(): uint8 block bytes for quantized types; None if
+    there is none."""
     if is_quantized(t.type):
         return np.dtype(np.uint8)
     dtype = numpy_dtype(t.type)
@@ -59,10 +83,22 @@ def _host_layout(t, where):
     require(dtype is not None, where, f"no numpy dtype for type {type_name(t.type)}")
     if is_quantized(t.type):
         bs, ts = blck_size(t.type), type_size(t.type)
-        require(t.nb[0] == ts and t.ne[0] % bs == 0, where, f"the blocks of '{t.name}' are not dense in its rows "
-                                                            f"(ne={t.ne}, nb={t.nb})")
-        return dtype, (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // bs * ts), (t.nb[3], t.nb[2], t.nb[1], 1)
-    return dtype, (t.ne[3], t.ne[2], t.ne[1], t.ne[0]), (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
+        require(
+            t.nb[0] == ts and t.ne[0] % bs == 0,
+            where,
+            f"the blocks of '{t.name}' are not dense in its rows "
+            f"(ne={t.ne}, nb={t.nb})",
+        )
+        return (
+            dtype,
+            (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // bs * ts),
+            (t.nb[3], t.nb[2], t.nb[1], 1),
+        )
+    return (
+        dtype,
+        (t.ne[3], t.ne[2], t.ne[1], t.ne[0]),
+        (t.nb[3], t.nb[2], t.nb[1], t.nb[0]),
+    )
 
 
 def _is_dense(shape, strides, itemsize):
@@ -80,10 +116,13 @@ def _check_dtype(t, data, where):
     if not isinstance(data, np.ndarray) or data.dtype == np.uint8:
         return
     want = _element_dtype(t)
-    require(want is not None and data.dtype == want, where,
-            f"data is {data.dtype}, tensor '{t.name}' holds {type_name(t.type)} "
-            f"({want if want is not None else 'no numpy dtype'}); convert it first "
-            f"(astype, or quantize_chunk for a quantized type)")
+    require(
+        want is not None and data.dtype == want,
+        where,
+        f"data is {data.dtype}, tensor '{t.name}' holds {type_name(t.type)} "
+        f"({want if want is not None else 'no numpy dtype'}); convert it first "
+        f"(astype, or quantize_chunk for a quantized type)",
+    )
 
 # %% book/07b_backend_streams.ipynb #backend-bytes
 def _copy_size(tensor, raw, offset, size, where, verb):
@@ -93,7 +132,9 @@ def _copy_size(tensor, raw, offset, size, where, verb):
         size = raw.size if verb == "write" else nbytes(tensor) - offset
     size = int(size)
     room = "only" if verb == "write" else "room for only"
-    require(size <= raw.size, where, f"size = {size} but data has {room} {raw.size} bytes")
+    require(
+        size <= raw.size, where, f"size = {size} but data has {room} {raw.size} bytes"
+    )
     return size
 
 # %% book/07b_backend_streams.ipynb #backend-tensor-set
@@ -112,9 +153,12 @@ def backend_tensor_set(tensor, data, offset=0, size=None):
     raw = as_bytes(data, where)
     offset = int(offset)
     size = _copy_size(tensor, raw, offset, size, where, "write")
-    require(not full or size == nbytes(tensor), where,
-            f"data has {size} bytes, tensor '{tensor.name}' has {nbytes(tensor)} "
-            "(pass offset and size for a partial write)")
+    require(
+        not full or size == nbytes(tensor),
+        where,
+        f"data has {size} bytes, tensor '{tensor.name}' has {nbytes(tensor)} "
+        "(pass offset and size for a partial write)",
+    )
     if size == 0:
         return
     buf = _check_access(tensor, offset, size, where, "write")
@@ -145,7 +189,8 @@ def backend_tensor_get(tensor, data=None, offset=0, size=None):
 
 
 def backend_tensor_memset(tensor, value, offset=0, size=None):
-    """ggml_backend_tensor_memset: size bytes (default: the rest) from byte offset set to value."""
+    """ggml_backend_tensor_memset: size bytes (default: the rest) from byte offset set
+    to value."""
     where = "backend_tensor_memset"
     value = check_byte(value, where)
     offset = int(offset)
@@ -157,7 +202,8 @@ def backend_tensor_memset(tensor, value, offset=0, size=None):
 
 # %% book/07b_backend_streams.ipynb #backend-tensor-copy
 def backend_tensor_copy(src, dst):
-    """ggml_backend_tensor_copy: dst's bytes := src's bytes; same type, ne and nb; any two buffers."""
+    """ggml_backend_tensor_copy: dst's bytes := src's bytes; same type, ne and nb; any
+    two buffers."""
     where = "backend_tensor_copy"
     _check_same_layout(src, dst, where)
     if src is dst:
@@ -172,8 +218,12 @@ def backend_tensor_copy(src, dst):
     elif backend_buffer_is_host(dst_buf):
         src_buf.get_tensor(src, host_bytes(dst, n), 0, n)
     elif not dst_buf.cpy_tensor(src, dst):
-        _log.debug("%s: slow copy from %s to %s", where, backend_buffer_name(src_buf),
-                   backend_buffer_name(dst_buf))
+        _log.debug(
+            "%s: slow copy from %s to %s",
+            where,
+            backend_buffer_name(src_buf),
+            backend_buffer_name(dst_buf),
+        )
         staging = np.empty(n, np.uint8)
         src_buf.get_tensor(src, staging, 0, n)
         dst_buf.set_tensor(dst, staging, 0, n)
@@ -182,8 +232,12 @@ def backend_tensor_copy(src, dst):
 def _set_values(t, data, where):
     dtype, shape, strides = _host_layout(t, where)
     count = int(np.prod(shape))
-    require(data.size == count, where, f"data has {data.size} elements (shape {data.shape}), tensor "
-                                       f"'{t.name}' has {count} (t.numpy() shape {shape})")
+    require(
+        data.size == count,
+        where,
+        f"data has {data.size} elements (shape {data.shape}), tensor "
+        f"'{t.name}' has {count} (t.numpy() shape {shape})",
+    )
     n = nbytes(t)
     if n == 0:
         return
@@ -192,7 +246,9 @@ def _set_values(t, data, where):
     if _is_dense(shape, strides, dtype.itemsize):
         buf.set_tensor(t, values.reshape(-1).view(np.uint8), 0, n)
         return
-    staging = np.empty(n, np.uint8)           # read-modify-write keeps the bytes between elements
+    staging = np.empty(
+        n, np.uint8
+    )  # read-modify-write keeps the bytes between elements
     buf.get_tensor(t, staging, 0, n)
     np.ndarray(shape, dtype, buffer=staging, strides=strides)[...] = values
     buf.set_tensor(t, staging, 0, n)
@@ -263,7 +319,8 @@ def backend_tensor_set_async(backend, tensor, data, offset=0, size=None):
 
 
 def backend_tensor_get_async(backend, tensor, data, offset=0, size=None):
-    """ggml_backend_tensor_get_async: a raw copy into data (writable), complete after backend_synchronize."""
+    """ggml_backend_tensor_get_async: a raw copy into data (writable), complete after
+    backend_synchronize."""
     where = "backend_tensor_get_async"
     out = as_bytes(data, where, writable=True)
     offset = int(offset)
@@ -273,7 +330,8 @@ def backend_tensor_get_async(backend, tensor, data, offset=0, size=None):
 
 
 def backend_tensor_copy_async(backend_src, backend_dst, src, dst):
-    """ggml_backend_tensor_copy_async: a queued copy if backend_dst can, else sync both and copy."""
+    """ggml_backend_tensor_copy_async: a queued copy if backend_dst can, else sync both
+    and copy."""
     _check_same_layout(src, dst, "backend_tensor_copy_async")
     if src is dst:
         return
@@ -298,7 +356,8 @@ def backend_graph_compute_async(backend, cgraph):
 
 
 def backend_graph_compute(backend, cgraph):
-    """ggml_backend_graph_compute: compute the graph and wait for the results; a Status."""
+    """ggml_backend_graph_compute: compute the graph and wait for the results; a
+    Status."""
     status = backend_graph_compute_async(backend, cgraph)
     backend_synchronize(backend)
     return status
@@ -414,7 +473,8 @@ def backend_dev_supports_op(device, op):
 
 
 def backend_dev_supports_buft(device, buft):
-    """ggml_backend_dev_supports_buft: can the device use tensors in buffers of this type?"""
+    """ggml_backend_dev_supports_buft: can the device use tensors in buffers of this
+    type?"""
     return bool(device.supports_buft(buft))
 
 
@@ -436,11 +496,16 @@ def backend_reg_dev_count(reg):
 def backend_reg_dev_get(reg, index):
     """ggml_backend_reg_dev_get"""
     n = reg.get_device_count()
-    return reg.get_device(check_index(index, n, "backend_reg_dev_get", f"the {n} devices of {reg.get_name()}"))
+    return reg.get_device(
+        check_index(
+            index, n, "backend_reg_dev_get", f"the {n} devices of {reg.get_name()}"
+        )
+    )
 
 
 def backend_reg_get_proc_address(reg, name):
-    """ggml_backend_reg_get_proc_address: an extension function by its ggml name, or None."""
+    """ggml_backend_reg_get_proc_address: an extension function by its ggml name, or
+    None."""
     return reg.get_proc_address(name)
 
 # %% book/07b_backend_streams.ipynb #backend-face

@@ -6,8 +6,14 @@ __all__ = ['backend_buft_name', 'backend_buft_alloc_buffer', 'backend_buft_get_a
 # %% book/07a_backend_buffers.ipynb #buffer-imports
 import logging
 
-from ggml_lite.backend_impl import (TENSOR_ALIGNMENT, BackendBuffer, BackendBufferType, BackendBufferUsage,
-                                    buffer_check_alive, tensor_buffer)
+from ggml_lite.backend_impl import (
+    TENSOR_ALIGNMENT,
+    BackendBuffer,
+    BackendBufferType,
+    BackendBufferUsage,
+    buffer_check_alive,
+    tensor_buffer,
+)
 from ggml_lite.context import address, aligned_zeros, tensor_check_alive
 from ggml_lite.core import GGMLError, as_bytes, require
 from ggml_lite.tensor import nbytes
@@ -21,7 +27,8 @@ def backend_buft_name(buft):
 
 
 def backend_buft_alloc_buffer(buft, size):
-    """ggml_backend_buft_alloc_buffer: a buffer of size bytes (a dummy for 0), or None if out of memory."""
+    """ggml_backend_buft_alloc_buffer: a buffer of size bytes (a dummy for 0), or None
+    if out of memory."""
     size = int(size)
     require(size >= 0, "backend_buft_alloc_buffer", f"size = {size} is negative")
     if size == 0:
@@ -29,11 +36,15 @@ def backend_buft_alloc_buffer(buft, size):
     try:
         return buft.alloc_buffer(size)
     except MemoryError as e:
-        _log.error("backend_buft_alloc_buffer: %s: failed to allocate a buffer of %d bytes: %s",
-                   buft.get_name(), size, e)
+        _log.error(
+            "backend_buft_alloc_buffer: %s: failed to allocate a buffer of %d bytes: %s",
+            buft.get_name(),
+            size,
+            e,
+        )
         return None
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buft-api-2
 def backend_buft_get_alignment(buft):
     """ggml_backend_buft_get_alignment"""
     return buft.get_alignment()
@@ -45,11 +56,15 @@ def backend_buft_get_max_size(buft):
 
 
 def backend_buft_get_alloc_size(buft, tensor):
-    """ggml_backend_buft_get_alloc_size: bytes the tensor needs in this buffer type (>= nbytes)."""
+    """ggml_backend_buft_get_alloc_size: bytes the tensor needs in this buffer type (>=
+    nbytes)."""
     size = buft.get_alloc_size(tensor)
-    require(size >= nbytes(tensor), "backend_buft_get_alloc_size",
-            f"{buft.get_name()} says {size} bytes for "
-            f"'{tensor.name}', less than its nbytes {nbytes(tensor)}")
+    require(
+        size >= nbytes(tensor),
+        "backend_buft_get_alloc_size",
+        f"{buft.get_name()} says {size} bytes for "
+        f"'{tensor.name}', less than its nbytes {nbytes(tensor)}",
+    )
     return size
 
 
@@ -69,7 +84,8 @@ def backend_buffer_name(buffer):
 
 
 def backend_buffer_free(buffer):
-    """ggml_backend_buffer_free: release the memory; the buffer and its tensors are dead afterwards."""
+    """ggml_backend_buffer_free: release the memory; the buffer and its tensors are dead
+    afterwards."""
     if buffer is None or buffer._freed:
         return
     buffer.free_buffer()
@@ -80,14 +96,19 @@ def backend_buffer_get_size(buffer):
     """ggml_backend_buffer_get_size"""
     return buffer.size
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buffer-api-base
 def backend_buffer_get_base(buffer):
-    """ggml_backend_buffer_get_base: the address of its first byte (0 for a 0-byte buffer)."""
+    """ggml_backend_buffer_get_base: the address of its first byte (0 for a 0-byte
+    buffer)."""
     if buffer.size == 0:
         return 0
     buffer_check_alive(buffer, "backend_buffer_get_base")
     base = buffer.get_base()
-    require(base, "backend_buffer_get_base", f"backend buffer base cannot be NULL ({buffer!r})")
+    require(
+        base,
+        "backend_buffer_get_base",
+        f"backend buffer base cannot be NULL ({buffer!r})",
+    )
     return base
 
 
@@ -118,14 +139,15 @@ def backend_buffer_get_alloc_size(buffer, tensor):
     """ggml_backend_buffer_get_alloc_size"""
     return backend_buft_get_alloc_size(buffer.buft, tensor)
 
-
+# %% book/07a_backend_buffers.ipynb #backend-buffer-api-usage
 def backend_buffer_is_host(buffer):
     """ggml_backend_buffer_is_host"""
     return buffer.buft.is_host()
 
 
 def backend_buffer_set_usage(buffer, usage):
-    """ggml_backend_buffer_set_usage: WEIGHTS, COMPUTE or ANY (a multi-buffer passes it on)."""
+    """ggml_backend_buffer_set_usage: WEIGHTS, COMPUTE or ANY (a multi-buffer passes it
+    on)."""
     buffer.usage = BackendBufferUsage(usage)
     if isinstance(buffer, _MultiBuffer):
         backend_multi_buffer_set_usage(buffer, usage)
@@ -153,7 +175,8 @@ def check_byte(value, where):
 
 
 class _DummyBuffer(BackendBuffer):
-    """What ggml returns for a 0-byte allocation: a buffer with no memory and no functions."""
+    """What ggml returns for a 0-byte allocation: a buffer with no memory and no
+    functions."""
 
     def __init__(self, buft):
         super().__init__(buft, 0)
@@ -170,9 +193,10 @@ class _DummyBuffer(BackendBuffer):
     def clear(self, value):
         pass
 
-
+# %% book/07a_backend_buffers.ipynb #backend-multi-buffer-class
 class _MultiBuffer(BackendBuffer):
-    """ggml's multi-buffer: several buffers of one type seen as one (free, clear, usage)."""
+    """ggml's multi-buffer: several buffers of one type seen as one (free, clear,
+    usage)."""
 
     def __init__(self, buffers):
         super().__init__(buffers[0].buft, sum(b.size for b in buffers))
@@ -183,14 +207,20 @@ class _MultiBuffer(BackendBuffer):
             backend_buffer_free(b)
 
     def get_base(self):
-        raise GGMLError("get_base: a multi-buffer has no base of its own; its tensors live in "
-                        "its parts (tensor.buffer)")
+        raise GGMLError(
+            "get_base: a multi-buffer has no base of its own; its tensors live in "
+            "its parts (tensor.buffer)"
+        )
 
     def set_tensor(self, tensor, data, offset, size):
-        raise GGMLError("set_tensor: tensors live in the parts of a multi-buffer, not in it")
+        raise GGMLError(
+            "set_tensor: tensors live in the parts of a multi-buffer, not in it"
+        )
 
     def get_tensor(self, tensor, data, offset, size):
-        raise GGMLError("get_tensor: tensors live in the parts of a multi-buffer, not in it")
+        raise GGMLError(
+            "get_tensor: tensors live in the parts of a multi-buffer, not in it"
+        )
 
     def clear(self, value):
         for b in self.buffers:
@@ -198,7 +228,8 @@ class _MultiBuffer(BackendBuffer):
 
 # %% book/07a_backend_buffers.ipynb #backend-multi-buffer
 def backend_multi_buffer_alloc_buffer(buffers):
-    """ggml_backend_multi_buffer_alloc_buffer: one buffer that owns the given ones (same type)."""
+    """ggml_backend_multi_buffer_alloc_buffer: one buffer that owns the given ones (same
+    type)."""
     buffers = list(buffers)
     require(buffers, "backend_multi_buffer_alloc_buffer", "no buffers given")
     return _MultiBuffer(buffers)
@@ -211,8 +242,11 @@ def backend_buffer_is_multi_buffer(buffer):
 
 def backend_multi_buffer_set_usage(buffer, usage):
     """ggml_backend_multi_buffer_set_usage: the usage of every part."""
-    require(isinstance(buffer, _MultiBuffer), "backend_multi_buffer_set_usage",
-            f"{buffer!r} is not a multi-buffer")
+    require(
+        isinstance(buffer, _MultiBuffer),
+        "backend_multi_buffer_set_usage",
+        f"{buffer!r} is not a multi-buffer",
+    )
     for b in buffer.buffers:
         backend_buffer_set_usage(b, usage)
 
@@ -223,39 +257,42 @@ class HostBuffer(BackendBuffer):
 
     def __init__(self, buft, size, memory):
         super().__init__(buft, size)
-        self._memory = memory           # uint8, starts at the base address, >= size bytes
+        self._memory = memory  # uint8, starts at the base address, >= size bytes
 
     def host_array(self):
         if self._memory is None:
             buffer_check_alive(self, "host access")
         return self._memory
 
-    _host_array = host_array            # the name the tensor chapter looks for
+    _host_array = host_array  # the name the tensor chapter looks for
 
     def free_buffer(self):
-        self._memory = None             # numpy views handed out earlier keep the bytes alive
+        self._memory = None  # numpy views handed out earlier keep the bytes alive
 
     def get_base(self):
         return address(self._memory)
 
     def _start(self, tensor, offset, size, where):
         start = tensor.data - address(self._memory) + offset
-        require(0 <= start and start + size <= self.size, where,
-                f"tensor '{tensor.name}' (data at offset {start - offset}) is "
-                f"not inside this {self.buft.get_name()} buffer of {self.size} bytes")
+        require(
+            0 <= start and start + size <= self.size,
+            where,
+            f"tensor '{tensor.name}' (data at offset {start - offset}) is "
+            f"not inside this {self.buft.get_name()} buffer of {self.size} bytes",
+        )
         return start
 
     def memset_tensor(self, tensor, value, offset, size):
         start = self._start(tensor, offset, size, "memset_tensor")
-        self._memory[start:start + size] = value
+        self._memory[start : start + size] = value
 
     def set_tensor(self, tensor, data, offset, size):
         start = self._start(tensor, offset, size, "set_tensor")
-        self._memory[start:start + size] = data[:size]
+        self._memory[start : start + size] = data[:size]
 
     def get_tensor(self, tensor, data, offset, size):
         start = self._start(tensor, offset, size, "get_tensor")
-        data[:size] = self._memory[start:start + size]
+        data[:size] = self._memory[start : start + size]
 
     def cpy_tensor(self, src, dst):
         src_buf = tensor_buffer(src)
@@ -263,20 +300,22 @@ class HostBuffer(BackendBuffer):
             return False
         n = nbytes(src)
         start = self._start(dst, 0, n, "cpy_tensor")
-        self._memory[start:start + n] = host_bytes(src, n)
+        self._memory[start : start + n] = host_bytes(src, n)
         return True
 
     def clear(self, value):
-        self._memory[:self.size] = value
+        self._memory[: self.size] = value
 
-
+# %% book/07a_backend_buffers.ipynb #backend-host-bytes
 def host_bytes(t, n):
     """The first n bytes of t in its host buffer, as a uint8 view (no copy)."""
     buffer = tensor_buffer(t)
-    hook = getattr(buffer, "host_array", None) or getattr(buffer, "_host_array")   # (its older name)
+    hook = getattr(buffer, "host_array", None) or getattr(
+        buffer, "_host_array"
+    )  # (its older name)
     mem = hook()
     start = t.data - address(mem)
-    return mem[start:start + n]
+    return mem[start : start + n]
 
 # %% book/07a_backend_buffers.ipynb #backend-cpu-buffer-type-impl
 class _CPUBufferType(BackendBufferType):
@@ -304,7 +343,8 @@ _CPU_MAPPED_BUFFER_TYPE = _CPUBufferType("CPU_Mapped")
 
 # %% book/07a_backend_buffers.ipynb #backend-cpu-buffer-type
 def backend_cpu_buffer_type():
-    """ggml_backend_cpu_buffer_type: the host buffer type "CPU" (one object, shared by host backends)."""
+    """ggml_backend_cpu_buffer_type: the host buffer type "CPU" (one object, shared by
+    host backends)."""
     return _CPU_BUFFER_TYPE
 
 
@@ -315,45 +355,84 @@ def backend_cpu_buffer_from_ptr(ptr, size):
     of at least size bytes. The buffer keeps it alive; freeing the buffer does not free it.
     """
     where = "backend_cpu_buffer_from_ptr"
-    arr = as_bytes(ptr, where, writable=True, what="the memory")     # the caller's bytes, never a copy
-    require(address(arr) % TENSOR_ALIGNMENT == 0, where,
-            f"buffer pointer must be aligned to {TENSOR_ALIGNMENT} bytes "
-            f"(its address % {TENSOR_ALIGNMENT} = {address(arr) % TENSOR_ALIGNMENT})")
+    arr = as_bytes(
+        ptr, where, writable=True, what="the memory"
+    )  # the caller's bytes, never a copy
+    require(
+        address(arr) % TENSOR_ALIGNMENT == 0,
+        where,
+        f"buffer pointer must be aligned to {TENSOR_ALIGNMENT} bytes "
+        f"(its address % {TENSOR_ALIGNMENT} = {address(arr) % TENSOR_ALIGNMENT})",
+    )
     size = int(size)
-    require(0 < size <= arr.nbytes, where, f"size = {size}, the memory holds {arr.nbytes} bytes")
+    require(
+        0 < size <= arr.nbytes,
+        where,
+        f"size = {size}, the memory holds {arr.nbytes} bytes",
+    )
     return HostBuffer(_CPU_MAPPED_BUFFER_TYPE, size, arr[:size])
 
 # %% book/07a_backend_buffers.ipynb #backend-tensor-alloc
 def backend_tensor_alloc(buffer, tensor, addr):
-    """ggml_backend_tensor_alloc: place tensor at address addr inside buffer; a Status."""
+    """ggml_backend_tensor_alloc: place tensor at address addr inside buffer; a
+    Status."""
     where = "backend_tensor_alloc"
     tensor_check_alive(tensor, where)
-    require(tensor.buffer is None, where, lambda: f"tensor '{tensor.name}' is already in a buffer "
-                                                  f"({backend_buffer_name(tensor.buffer)})")
-    require(not tensor.data, where, f"tensor '{tensor.name}' already has data (tensor->data == NULL fails)")
-    require(tensor.view_src is None, where, lambda: f"tensor '{tensor.name}' is a view of "
-                                                    f"'{tensor.view_src.name}': place it with backend_view_init")
+    require(
+        tensor.buffer is None,
+        where,
+        lambda: (
+            f"tensor '{tensor.name}' is already in a buffer "
+            f"({backend_buffer_name(tensor.buffer)})"
+        ),
+    )
+    require(
+        not tensor.data,
+        where,
+        f"tensor '{tensor.name}' already has data (tensor->data == NULL fails)",
+    )
+    require(
+        tensor.view_src is None,
+        where,
+        lambda: (
+            f"tensor '{tensor.name}' is a view of "
+            f"'{tensor.view_src.name}': place it with backend_view_init"
+        ),
+    )
     base = backend_buffer_get_base(buffer)
     size = backend_buffer_get_alloc_size(buffer, tensor)
     addr = int(addr)
-    require(base <= addr and addr + size <= base + buffer.size, where,
-            f"tensor '{tensor.name}' ({size} bytes at offset {addr - base}) does "
-            f"not fit in the {backend_buffer_name(buffer)} buffer of {buffer.size} bytes")
+    require(
+        base <= addr and addr + size <= base + buffer.size,
+        where,
+        f"tensor '{tensor.name}' ({size} bytes at offset {addr - base}) does "
+        f"not fit in the {backend_buffer_name(buffer)} buffer of {buffer.size} bytes",
+    )
     tensor.buffer = buffer
     tensor.data = addr
     return backend_buffer_init_tensor(buffer, tensor)
 
-
+# %% book/07a_backend_buffers.ipynb #backend-view-init
 def backend_view_init(tensor):
-    """ggml_backend_view_init: place a view in its source's buffer, at view_src.data + view_offs."""
+    """ggml_backend_view_init: place a view in its source's buffer, at view_src.data +
+    view_offs."""
     where = "backend_view_init"
     tensor_check_alive(tensor, where)
     src = tensor.view_src
-    require(tensor.buffer is None, where, f"tensor '{tensor.name}' is already in a buffer")
-    require(src is not None, where, f"tensor '{tensor.name}' is not a view (view_src is NULL)")
-    require(src.buffer is not None and src.data, where,
-            f"the source '{src.name}' of view '{tensor.name}' is not allocated "
-            "in a buffer yet")
+    require(
+        tensor.buffer is None, where, f"tensor '{tensor.name}' is already in a buffer"
+    )
+    require(
+        src is not None,
+        where,
+        f"tensor '{tensor.name}' is not a view (view_src is NULL)",
+    )
+    require(
+        src.buffer is not None and src.data,
+        where,
+        f"the source '{src.name}' of view '{tensor.name}' is not allocated "
+        "in a buffer yet",
+    )
     tensor.buffer = src.buffer
     tensor.data = src.data + tensor.view_offs
     return backend_buffer_init_tensor(tensor.buffer, tensor)

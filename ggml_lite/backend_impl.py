@@ -12,13 +12,17 @@ from ggml_lite.core import GGMLError, Status, require
 from ggml_lite.tensor import nbytes
 
 # %% book/07a_backend_buffers.ipynb #backend-constants
-BACKEND_API_VERSION = 2        # GGML_BACKEND_API_VERSION
-TENSOR_ALIGNMENT = 32          # TENSOR_ALIGNMENT (src/ggml-impl.h): the CPU buffer type's alignment
-SIZE_MAX = 2**64 - 1           # a buffer type's get_max_size when it has no limit
+BACKEND_API_VERSION = 2  # GGML_BACKEND_API_VERSION
+TENSOR_ALIGNMENT = (
+    32  # TENSOR_ALIGNMENT (src/ggml-impl.h): the CPU buffer type's alignment
+)
+SIZE_MAX = 2**64 - 1  # a buffer type's get_max_size when it has no limit
 
 
 class BackendBufferUsage(IntEnum):
-    """enum ggml_backend_buffer_usage: what a buffer holds (the scheduler runs ops near WEIGHTS)."""
+    """enum ggml_backend_buffer_usage: what a buffer holds (the scheduler runs ops near
+    WEIGHTS)."""
+
     ANY = 0
     WEIGHTS = 1
     COMPUTE = 2
@@ -26,13 +30,14 @@ class BackendBufferUsage(IntEnum):
 
 class BackendDevType(IntEnum):
     """enum ggml_backend_dev_type"""
-    CPU = 0     # the CPU, system memory
-    GPU = 1     # a GPU with its own memory
-    IGPU = 2    # an integrated GPU sharing host memory
-    ACCEL = 3   # an accelerator used together with the CPU backend (BLAS, AMX)
-    META = 4    # one device standing for several (tensor parallelism)
 
+    CPU = 0  # the CPU, system memory
+    GPU = 1  # a GPU with its own memory
+    IGPU = 2  # an integrated GPU sharing host memory
+    ACCEL = 3  # an accelerator used together with the CPU backend (BLAS, AMX)
+    META = 4  # one device standing for several (tensor parallelism)
 
+# %% book/07a_backend_buffers.ipynb #backend-records
 @dataclass
 class BackendDevCaps:
     """struct ggml_backend_dev_caps: what a device can do beyond the minimum."""
@@ -81,7 +86,8 @@ class BackendBufferType(ABC):
         return nbytes(tensor)
 
     def is_host(self):
-        """True if the data is host memory in ggml's layout (optional; default False)."""
+        """True if the data is host memory in ggml's layout (optional; default
+        False)."""
         return False
 
     def __repr__(self):
@@ -113,7 +119,9 @@ class BackendBuffer(ABC):
 
     def memset_tensor(self, tensor, value, offset, size):
         """Fill size bytes of the tensor from byte offset with value (optional)."""
-        raise GGMLError(f"memset not implemented by backend buffer {self.buft.get_name()}")
+        raise GGMLError(
+            f"memset not implemented by backend buffer {self.buft.get_name()}"
+        )
 
     @abstractmethod
     def set_tensor(self, tensor, data, offset, size):
@@ -121,10 +129,12 @@ class BackendBuffer(ABC):
 
     @abstractmethod
     def get_tensor(self, tensor, data, offset, size):
-        """Copy size bytes of the tensor from byte offset into data (a writable uint8 array)."""
+        """Copy size bytes of the tensor from byte offset into data (a writable uint8
+        array)."""
 
     def cpy_tensor(self, src, dst):
-        """Copy src (any buffer) into dst (this buffer) without the host; False if it cannot (optional)."""
+        """Copy src (any buffer) into dst (this buffer) without the host; False if it
+        cannot (optional)."""
         return False
 
     @abstractmethod
@@ -140,14 +150,19 @@ class BackendBuffer(ABC):
 
 # %% book/07a_backend_buffers.ipynb #iface-buffer-helpers
 def tensor_buffer(t):
-    """The buffer that holds t's bytes (a view's is its source's); None if it has none."""
+    """The buffer that holds t's bytes (a view's is its source's); None if it has
+    none."""
     return t.view_src.buffer if t.view_src is not None else t.buffer
 
 
 def buffer_check_alive(buffer, where):
     """Raise GGMLError if buffer was released with backend_buffer_free."""
-    require(not buffer._freed, where, f"the {buffer.buft.get_name()} buffer of {buffer.size} bytes was "
-                                      f"freed (backend_buffer_free); its tensors are gone")
+    require(
+        not buffer._freed,
+        where,
+        f"the {buffer.buft.get_name()} buffer of {buffer.size} bytes was "
+        f"freed (backend_buffer_free); its tensors are gone",
+    )
 
 # %% book/07a_backend_buffers.ipynb #iface-backend
 class Backend(ABC):
@@ -169,18 +184,22 @@ class Backend(ABC):
         tensor_buffer(tensor).set_tensor(tensor, data, offset, size)
 
     def get_tensor_async(self, tensor, data, offset, size):
-        """Queue a tensor-to-host copy, done at synchronize (optional; default: a blocking copy)."""
+        """Queue a tensor-to-host copy, done at synchronize (optional; default: a
+        blocking copy)."""
         tensor_buffer(tensor).get_tensor(tensor, data, offset, size)
 
     def cpy_tensor_async(self, backend_src, src, dst):
-        """Queue a copy from src on backend_src into dst on this backend; False if it cannot (optional)."""
+        """Queue a copy from src on backend_src into dst on this backend; False if it
+        cannot (optional)."""
         return False
 
     def synchronize(self):
-        """Wait until everything queued is done (optional; default: nothing is ever queued)."""
+        """Wait until everything queued is done (optional; default: nothing is ever
+        queued)."""
 
     def graph_optimize(self, cgraph):
-        """Reorder or fuse nodes before compute; the scheduler calls it per split (optional)."""
+        """Reorder or fuse nodes before compute; the scheduler calls it per split
+        (optional)."""
 
     @abstractmethod
     def graph_compute(self, cgraph):
@@ -223,7 +242,9 @@ class BackendDevice(ABC):
     def get_props(self):
         """All of the above and the caps as a BackendDevProps (default: no caps)."""
         free, total = self.get_memory()
-        return BackendDevProps(self.get_name(), self.get_description(), free, total, self.get_type())
+        return BackendDevProps(
+            self.get_name(), self.get_description(), free, total, self.get_type()
+        )
 
     @abstractmethod
     def init_backend(self, params=None):
@@ -239,18 +260,22 @@ class BackendDevice(ABC):
 
     def buffer_from_host_ptr(self, ptr, size, max_tensor_size):
         """A buffer over existing host memory, e.g. a memory-mapped file (optional)."""
-        raise GGMLError(f"buffer_from_host_ptr: device {self.get_name()} cannot wrap host memory")
+        raise GGMLError(
+            f"buffer_from_host_ptr: device {self.get_name()} cannot wrap host memory"
+        )
 
     @abstractmethod
     def supports_op(self, op):
-        """True if this device can compute the node op (its op, types, shapes, params)."""
+        """True if this device can compute the node op (its op, types, shapes,
+        params)."""
 
     @abstractmethod
     def supports_buft(self, buft):
         """True if this device can use tensors in buffers of type buft."""
 
     def offload_op(self, op):
-        """True if it wants op even when the op's weights are in host memory (optional; default False)."""
+        """True if it wants op even when the op's weights are in host memory (optional;
+        default False)."""
         return False
 
     def event_new(self):
@@ -269,7 +294,8 @@ class BackendDevice(ABC):
 
 # %% book/07a_backend_buffers.ipynb #iface-reg
 class BackendReg(ABC):
-    """ggml_backend_reg: a backend family as loaded: its devices and extensions. Attributes: api_version."""
+    """ggml_backend_reg: a backend family as loaded: its devices and extensions.
+    Attributes: api_version."""
 
     def __init__(self, api_version=BACKEND_API_VERSION):
         self.api_version = api_version
@@ -287,7 +313,8 @@ class BackendReg(ABC):
         """Device number index."""
 
     def get_procaddress(self, name):
-        """An extension function by its ggml name, e.g. "ggml_backend_set_n_threads", or None (optional)."""
+        """An extension function by its ggml name, e.g. "ggml_backend_set_n_threads", or
+        None (optional)."""
         return None
 
     def __repr__(self):
@@ -295,7 +322,8 @@ class BackendReg(ABC):
 
 
 class BackendEvent:
-    """ggml_backend_event: a point in a stream that others can wait for (device + context)."""
+    """ggml_backend_event: a point in a stream that others can wait for (device +
+    context)."""
 
     def __init__(self, device, context=None):
         self.device = device

@@ -9,8 +9,11 @@ from enum import IntEnum
 from ggml_lite.core import require
 from ggml_lite.tensor import get_op_params_i32
 
+
 class Op(IntEnum):
-    """enum ggml_op (include/ggml.h, ggml 0.15.3): the operation that produces a tensor; NONE = a leaf."""
+    """enum ggml_op (include/ggml.h, ggml 0.15.3): the operation that produces a tensor;
+    NONE = a leaf."""
+
     NONE = 0
     DUP = 1
     ADD = 2
@@ -112,7 +115,9 @@ class Op(IntEnum):
 
 # %% book/03_ops.ipynb #ops-enum-families
 class UnaryOp(IntEnum):
-    """enum ggml_unary_op: which function an Op.UNARY node applies (its op_params[0])."""
+    """enum ggml_unary_op: which function an Op.UNARY node applies (its
+    op_params[0])."""
+
     ABS = 0
     SGN = 1
     NEG = 2
@@ -139,7 +144,9 @@ class UnaryOp(IntEnum):
 
 
 class GluOp(IntEnum):
-    """enum ggml_glu_op: which gated linear unit an Op.GLU node computes (its op_params[0])."""
+    """enum ggml_glu_op: which gated linear unit an Op.GLU node computes (its
+    op_params[0])."""
+
     REGLU = 0
     GEGLU = 1
     SWIGLU = 2
@@ -150,20 +157,23 @@ class GluOp(IntEnum):
 
 
 class Prec(IntEnum):
-    """enum ggml_prec: the accumulation precision a mul_mat asks for (its op_params[0])."""
+    """enum ggml_prec: the accumulation precision a mul_mat asks for (its
+    op_params[0])."""
+
     DEFAULT = 0
     F32 = 10
 
 
-ROPE_TYPE_NORMAL = 0    # rotate adjacent pairs (x[2i], x[2i+1])  (llama)
-ROPE_TYPE_NEOX = 2      # rotate (x[i], x[i + n_dims/2])            (GPT-NeoX, Qwen, ...)
-ROPE_TYPE_MROPE = 8     # multi-section rope (rope_multi)
+ROPE_TYPE_NORMAL = 0  # rotate adjacent pairs (x[2i], x[2i+1])  (llama)
+ROPE_TYPE_NEOX = 2  # rotate (x[i], x[i + n_dims/2])            (GPT-NeoX, Qwen, ...)
+ROPE_TYPE_MROPE = 8  # multi-section rope (rope_multi)
 ROPE_TYPE_VISION = 24
 ROPE_TYPE_IMROPE = 40
 MROPE_SECTIONS = 4
 
 # %% book/03_ops.ipynb #ops-symbols
-# GGML_OP_SYMBOL (src/ggml.c): the formula ggml_graph_dump_dot writes into a node's record
+# GGML_OP_SYMBOL (src/ggml.c): the formula ggml_graph_dump_dot writes into a
+# node's record
 _OP_SYMBOL = (
     "none", "x", "x+y", "x[i]+y", "x+y", "view(x,nb,offset)+=y->x", "x-y", "x*y", "x/y", "x^2",
     "√x", "log(x)", "sin(x)", "cos(x)", "Σx", "Σx_k", "cumsum(x)", "Σx/n", "argmax(x)",
@@ -207,18 +217,26 @@ def glu_op_name(op):
     """ggml_glu_op_name"""
     return GluOp(op).name
 
-
+# %% book/03_ops.ipynb #ops-names-2
 def get_unary_op(t):
     """ggml_get_unary_op: the UnaryOp of an Op.UNARY tensor."""
-    require(t.op == Op.UNARY, "get_unary_op", lambda: f"'{t.name}' has op {op_name(t.op)}",
-            assertion="tensor->op == GGML_OP_UNARY")
+    require(
+        t.op == Op.UNARY,
+        "get_unary_op",
+        lambda: f"'{t.name}' has op {op_name(t.op)}",
+        assertion="tensor->op == GGML_OP_UNARY",
+    )
     return UnaryOp(get_op_params_i32(t, 0))
 
 
 def get_glu_op(t):
     """ggml_get_glu_op: the GluOp of an Op.GLU tensor."""
-    require(t.op == Op.GLU, "get_glu_op", lambda: f"'{t.name}' has op {op_name(t.op)}",
-            assertion="tensor->op == GGML_OP_GLU")
+    require(
+        t.op == Op.GLU,
+        "get_glu_op",
+        lambda: f"'{t.name}' has op {op_name(t.op)}",
+        assertion="tensor->op == GGML_OP_GLU",
+    )
     return GluOp(get_op_params_i32(t, 0))
 
 

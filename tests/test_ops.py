@@ -432,6 +432,7 @@ def _descriptor(ctx, r):
 
 def test_assert_cases_cover_every_constructor():
     assert set(ASSERT_REF) == set(ASSERT_CASES)
+    assert all(ASSERT_REF[name]["code"] == code for name, code in ASSERT_CASES.items())
     called = {name for code in ASSERT_CASES.values() for name in
               __import__("re").findall(r"G\.(\w+)\(", _split_case(code)[1])}
     constructors = {n for n in ggml.ops.__all__ if inspect.isfunction(getattr(ggml.ops, n))

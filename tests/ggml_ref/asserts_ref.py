@@ -5,6 +5,7 @@ Each case runs in its own child process, since a bad call makes ggml abort. For 
 refuses, the file keeps the child's return code and the last line of its stderr (the
 GGML_ASSERT that failed); for a call ggml accepts, the descriptor of the tensor R it made
 (type, op, ne, nb, op_params, src and view_src as creation indices, view_offs) and used_mem.
+Each case also keeps its code, so the record reads on its own (the ops chapter replays it).
 tests/test_ops.py reads the file and never needs ggml-python. Regenerate (ggml-python 0.0.45
 bundles ggml 0.15.3):
 
@@ -74,7 +75,7 @@ def main():
     from asserts_scenarios import CASES
     out = {"ggml_version": g.ggml_version().decode(), "cases": {}}
     for name in CASES:
-        out["cases"][name] = run_case(name)
+        out["cases"][name] = {"code": CASES[name], **run_case(name)}
         res = out["cases"][name]
         print(f"{name:32s} " + ("ok" if res["ok"] else f"rc={res['returncode']} {res['assert']}"))
     OUT.write_text(json.dumps(out, indent=1) + "\n")
