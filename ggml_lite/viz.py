@@ -81,15 +81,17 @@ def draw_graph(cgraph, ax=None, title=None):
     return ax
 
 # %% book/08_alloc.ipynb #alloc-draw-timeline
-from ggml_lite.alloc import gallocr_get_buffer_size, live_ranges, op_can_inplace, placements
+from ggml_lite.alloc import (
+    gallocr_get_buffer_size, live_ranges, op_can_inplace, placements)
 from ggml_lite.backend_buffer import backend_buffer_get_size
 
 
 def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None):
-    """Draw where gallocr put the tensors of an allocated graph: node index to the right, offset
-    up, one rectangle per tensor over its live range. Pink: leafs and INPUT; blue: intermediate;
-    orange: OUTPUT or a result nobody reads. Chunks are stacked; the dashed line is the buffer size.
-    label: a function tensor -> text (default: the tensor's name)."""
+    """Draw where gallocr put the tensors of an allocated graph: node index to the
+    right, offset up, one rectangle per tensor over its live range. Pink: leafs and
+    INPUT; blue: intermediate; orange: OUTPUT or a result nobody reads. Chunks are
+    stacked; the dashed line is the buffer size. label: a function tensor -> text
+    (default: the tensor's name)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
@@ -107,11 +109,16 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None):
                 ax.axhline(base / 1024, color="#555555", lw=0.8, ls="--")
     placed = placements(galloc, graph)
     where = {id(t): (b, c, off) for t, b, c, off, _ in placed}
-    handed, taken = set(), set()              # in-place hand-overs happen in the middle of a node
+    # in-place hand-overs happen in the middle of a node
+    handed, taken = set(), set()
     for i, node in enumerate(graph.nodes):
         if id(node) in where and op_can_inplace(node.op):
             for s in node.src:
-                if s is not None and where.get(id(s)) == where[id(node)] and ranges.get(s, (0, -2))[1] == i:
+                if (
+                    s is not None
+                    and where.get(id(s)) == where[id(node)]
+                    and ranges.get(s, (0, -2))[1] == i
+                ):
                     handed.add(id(s))
                     taken.add(id(node))
     for t, buffer_id, chunk, offset, size in placed:
@@ -120,8 +127,10 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None):
         color = "#f4c7d4" if lo < 0 else "#f9cb9c" if hi >= n else "#cfe2f3"
         x0 = lo if id(t) in taken else lo - 0.45
         x1 = hi if id(t) in handed else min(hi, n) + 0.45
-        ax.add_patch(Rectangle((x0, y), x1 - x0, size / 1024, fc=color, ec="#333333", lw=0.6))
-        ax.text((x0 + x1) / 2, y + size / 2048, label(t), ha="center", va="center", fontsize=6.5,
+        ax.add_patch(Rectangle((x0, y), x1 - x0, size / 1024, fc=color, ec="#333333",
+                               lw=0.6))
+        ax.text((x0 + x1) / 2, y + size / 2048, label(t), ha="center", va="center",
+                fontsize=6.5,
                 clip_on=True)
     ax.set_xlim(-1.7, n + 0.7)
     ax.set_ylim(0, max(base, 1) / 1024 * 1.04)
@@ -142,10 +151,13 @@ SPLIT_COLOURS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860
 
 
 def _draw_split_inputs(ax, split, where, lo):
-    """One lane per input of the split: an arrow from its source to the split's start."""
+    """One lane per input of the split: an arrow from its source to the split's start.
+    """
     for j, inp in enumerate(split.inputs):
-        src = where.get(id(inp), -2)             # leafs and user inputs: left of the array
-        src_x = max(src, lo - 2) + 0.5           # an earlier row's node: from the left too
+        # leafs and user inputs: left of the array
+        src = where.get(id(inp), -2)
+        # an earlier row's node: from the left too
+        src_x = max(src, lo - 2) + 0.5
         dst_x = split.i_start + 0.5
         y = 1.45 + 0.75 * j
         ax.plot([src_x, src_x, dst_x], [1.0, y, y], color="black", lw=0.8)
@@ -157,8 +169,9 @@ def _draw_split_inputs(ax, split, where, lo):
 # %% book/09_sched.ipynb #sched-draw-fn
 def draw_sched_splits(sched, graph, ax=None, title=None, span=None):
     """The node array as a row of cells coloured by backend (views pale), a line and the
-    split's number where each split starts, an arrow for each input copy from where it comes
-    from, with its size. span=(first, end): only those nodes. After alloc_graph."""
+    split's number where each split starts, an arrow for each input copy from where it
+    comes from, with its size. span=(first, end): only those nodes. After alloc_graph.
+    """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
@@ -169,17 +182,26 @@ def draw_sched_splits(sched, graph, ax=None, title=None, span=None):
     where = {id(n): i for i, n in enumerate(graph.nodes)}
     for i in range(lo, hi):
         node = graph.nodes[i]
-        ax.add_patch(Rectangle((i, 0), 1, 1, edgecolor="white",
-                               facecolor=colour.get(sched_tensor_backend_id(sched, node), "white"),
-                               alpha=0.35 if is_view_op(node.op) else 1.0))
+        ax.add_patch(
+            Rectangle(
+                (i, 0),
+                1,
+                1,
+                edgecolor="white",
+                facecolor=colour.get(sched_tensor_backend_id(sched, node), "white"),
+                alpha=0.35 if is_view_op(node.op) else 1.0,
+            )
+        )
     last_x, level, n_lanes = -10, 0, 1
     for k, split in enumerate(sched.splits):
         if not lo <= split.i_start < hi:
             continue
-        level = 1 - level if split.i_start - last_x < 2 else 0   # close labels: staggered
+        # close labels: staggered
+        level = 1 - level if split.i_start - last_x < 2 else 0
         last_x = split.i_start
         ax.plot([split.i_start] * 2, [-0.15, 1.15], color="black", lw=1.2 if k else 0)
-        ax.text(split.i_start + 0.1, -0.25 - 0.55 * level, f"#{k}", fontsize=9, va="top")
+        ax.text(split.i_start + 0.1, -0.25 - 0.55 * level, f"#{k}", fontsize=9,
+                va="top")
         _draw_split_inputs(ax, split, where, lo)
         n_lanes = max(n_lanes, split.n_inputs)
     ax.set_xlim(lo - 2.5, hi + 0.5)
@@ -200,16 +222,28 @@ def draw_sched_split_rows(sched, graph, rows=2, title=None, width=8):
     """draw_sched_splits over `rows` rows of a new figure, `width` inches wide."""
     import matplotlib.pyplot as plt
 
-    n_lanes = max([sp.n_inputs for sp in sched.splits] + [1])
-    fig, axes = plt.subplots(rows, 1, squeeze=False,
-                             figsize=(width, rows * (1.6 + 0.3 * n_lanes)))
     step = -(-graph.n_nodes // rows)
+    lanes = [
+        max(
+            [
+                sp.n_inputs
+                for sp in sched.splits
+                if r * step <= sp.i_start < (r + 1) * step
+            ]
+            + [1]
+        )
+        for r in range(rows)
+    ]
+    fig, axes = plt.subplots(rows, 1, squeeze=False,
+                             height_ratios=[3 + n for n in lanes],
+                             figsize=(width, 0.3 * sum(3 + n for n in lanes) + 0.6))
     for r, ax in enumerate(axes[:, 0]):
         draw_sched_splits(sched, graph, ax=ax, span=(r * step, min((r + 1) * step,
                                                                      graph.n_nodes)))
         if r:
             ax.get_legend().remove()
-    axes[-1, 0].set_xlabel("node index (pale: views, which compute nothing)", fontsize=10)
+    axes[-1, 0].set_xlabel("node index (pale: views, which compute nothing)",
+                           fontsize=10)
     fig.suptitle(title or f"{sched.n_splits} splits, "
                  f"{sum(sp.n_inputs for sp in sched.splits)} input copies", fontsize=11)
     fig.tight_layout()
