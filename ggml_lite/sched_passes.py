@@ -33,8 +33,8 @@ def _backend_from_buffer(sched, tensor, op):
     if buffer is None:
         return -1
     for i, backend in enumerate(sched.backends):
-        if backend_supports_buft(backend,
-                                 buffer.buft) and backend_supports_op(backend, op):
+        if (backend_supports_buft(backend, buffer.buft)
+                and backend_supports_op(backend, op)):
             return i
     return -1
 
@@ -143,15 +143,10 @@ def _pass3_upgrade(sched, graph):
             for b, backend in enumerate(sched.backends):
                 if not backend_supports_op(backend, node):
                     continue
-                n = sum(
-                    1
-                    for s in srcs
-                    if (
-                        sched_tensor_backend_id(sched, s) != -1
-                        or sched_tensor_backend_id(sched, s.view_src) != -1
-                    )
-                    and _buffer_supported(sched, s, b)
-                )
+                n = sum(1 for s in srcs
+                        if (sched_tensor_backend_id(sched, s) != -1
+                            or sched_tensor_backend_id(sched, s.view_src) != -1)
+                        and _buffer_supported(sched, s, b))
                 if n > best:
                     best = n
                     sched_set_tensor_backend_id(sched, node, b, "3.best")

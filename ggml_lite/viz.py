@@ -219,32 +219,26 @@ def draw_sched_splits(sched, graph, ax=None, title=None, span=None):
 
 # %% book/09_sched.ipynb #sched-draw-rows
 def draw_sched_split_rows(sched, graph, rows=2, title=None, width=8):
-    """draw_sched_splits over `rows` rows of a new figure, `width` inches wide."""
+    """draw_sched_splits over `rows` rows of a new figure, `width` inches wide, with
+    one legend under the title."""
     import matplotlib.pyplot as plt
 
     step = -(-graph.n_nodes // rows)
-    lanes = [
-        max(
-            [
-                sp.n_inputs
-                for sp in sched.splits
-                if r * step <= sp.i_start < (r + 1) * step
-            ]
-            + [1]
-        )
-        for r in range(rows)
-    ]
-    fig, axes = plt.subplots(rows, 1, squeeze=False,
-                             height_ratios=[3 + n for n in lanes],
-                             figsize=(width, 0.3 * sum(3 + n for n in lanes) + 0.6))
+    lanes = [max([sp.n_inputs for sp in sched.splits
+                  if r * step <= sp.i_start < (r + 1) * step] + [1]) for r in range(rows)]
+    fig, axes = plt.subplots(rows, 1, squeeze=False, height_ratios=[3 + n for n in lanes],
+                             figsize=(width, 0.3 * sum(3 + n for n in lanes) + 1.0))
     for r, ax in enumerate(axes[:, 0]):
-        draw_sched_splits(sched, graph, ax=ax, span=(r * step, min((r + 1) * step,
-                                                                     graph.n_nodes)))
-        if r:
-            ax.get_legend().remove()
+        span = (r * step, min((r + 1) * step, graph.n_nodes))
+        draw_sched_splits(sched, graph, ax=ax, span=span)
+        legend = ax.get_legend()
+        handles = legend.legend_handles
+        legend.remove()
     axes[-1, 0].set_xlabel("node index (pale: views, which compute nothing)",
                            fontsize=10)
     fig.suptitle(title or f"{sched.n_splits} splits, "
                  f"{sum(sp.n_inputs for sp in sched.splits)} input copies", fontsize=11)
-    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.94),
+               ncol=len(handles), fontsize=10, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
