@@ -320,9 +320,7 @@ from .backends.rpc.client import (  # noqa: F401  (book/10_rpc.ipynb)
     backend_rpc_buffer_type,
     backend_rpc_get_device_memory,
 )
-from .backends.rpc.server import (  # noqa: F401  (book/10_rpc.ipynb)
-    backend_rpc_start_server,
-)
+from .backends.rpc.server import *  # noqa: F401,F403  (book/10_rpc.ipynb)
 from .backends.cuda.backend import (  # noqa: F401  (book/11_cuda.ipynb)
     backend_cuda_get_device_count,
     backend_cuda_reg,

@@ -4,16 +4,20 @@
 __all__ = ['op_can_inplace', 'GallocrNeedsReserveError', 'Gallocr', 'gallocr_new_n', 'gallocr_new', 'gallocr_free', 'gallocr_reserve_n', 'gallocr_reserve', 'gallocr_reserve_n_size', 'gallocr_alloc_graph', 'gallocr_get_buffer_size', 'live_ranges', 'placements']
 
 # %% book/08_alloc.ipynb #alloc-imports
-from ggml_lite.backend import (BackendBufferUsage, backend_buffer_free, backend_buffer_get_base,
-                               backend_buffer_get_size, backend_buffer_reset, backend_buffer_set_usage,
-                               backend_buft_alloc_buffer, backend_buft_get_alignment,
-                               backend_buft_get_alloc_size, backend_buft_get_max_size, backend_buft_name,
-                               backend_tensor_alloc, backend_view_init)
+from ggml_lite.backend import (
+    BackendBufferUsage, backend_buffer_free, backend_buffer_get_base,
+    backend_buffer_get_size, backend_buffer_reset, backend_buffer_set_usage,
+    backend_buft_alloc_buffer, backend_buft_get_alignment, backend_buft_get_alloc_size,
+    backend_buft_get_max_size, backend_buft_name, backend_tensor_alloc,
+    backend_view_init)
 from ggml_lite.context import PAD
 from ggml_lite.core import GGMLError, require
-from ggml_lite.dyn_tallocr import (BUFFER_ADDRESS_INVALID, MAX_FREE_BLOCKS,  # noqa: F401 (re-exported)
-                                   VBUFFER_MAX_CHUNKS, BufferAddress, DynTallocr, dyn_tallocr_alloc,
-                                   dyn_tallocr_free_bytes, dyn_tallocr_max_size, dyn_tallocr_new,
+# noqa: F401 (re-exported)
+from ggml_lite.dyn_tallocr import (BUFFER_ADDRESS_INVALID, MAX_FREE_BLOCKS,
+                                   VBUFFER_MAX_CHUNKS, BufferAddress, DynTallocr,
+                                   dyn_tallocr_alloc,
+                                   dyn_tallocr_free_bytes, dyn_tallocr_max_size,
+                                   dyn_tallocr_new,
                                    dyn_tallocr_reset)
 from ggml_lite.graph import graph_check_alive
 from ggml_lite.ops import Op
@@ -21,22 +25,26 @@ from ggml_lite.tensor import TensorFlag, are_same_layout
 
 # %% book/08_alloc.ipynb #alloc-inplace
 _INPLACE_OPS = frozenset({
-    Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB,
-    Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK,
+    Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1,
+    Op.SUB,
+    Op.MUL, Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK,
+    Op.SILU_BACK,
     Op.RMS_NORM, Op.RMS_NORM_BACK, Op.SOFT_MAX, Op.SOFT_MAX_BACK})
 
 
 def op_can_inplace(op):
-    """ggml_op_can_inplace: may the graph allocator give this op's result its operand's bytes?
-
-    True for ggml 0.15.3's list: ops whose kernels make each row of the result from the same row
-    of the operand, so they work with dst == src (and so must not use restrict pointers).
+    """ggml_op_can_inplace: may the graph allocator give this op's result its operand's
+    bytes?
+    True for ggml 0.15.3's list: ops whose kernels make each row of the result from the
+    same row of the operand, so they work with dst == src (and so must not use restrict
+    pointers).
     """
     return op in _INPLACE_OPS
 
 # %% book/08_alloc.ipynb #alloc-gallocr-types
 class _HashNode:
-    """struct hash_node: what the allocator knows about one tensor during a planning pass."""
+    """struct hash_node: what the allocator knows about one tensor during a planning
+    pass."""
     __slots__ = ("n_children", "n_views", "buffer_id", "addr", "allocated")
 
     def __init__(self):
@@ -44,12 +52,13 @@ class _HashNode:
         self.n_views = 0              # views of it still in use
         self.buffer_id = 0
         self.addr = BufferAddress(0, 0)
-        self.allocated = False        # placed by this allocator, bytes not yet freed or handed on
+        # placed by this allocator, bytes not yet freed or handed on
+        self.allocated = False
 
 
 class _TensorAlloc:
-    """struct tensor_alloc: a recorded placement. size_max = 0 for views and tensors with memory
-    from elsewhere (buffer_id -1, invalid address)."""
+    """struct tensor_alloc: a recorded placement. size_max = 0 for views and tensors
+    with memory from elsewhere (buffer_id -1, invalid address)."""
     __slots__ = ("buffer_id", "addr", "size_max")
 
     def __init__(self, buffer_id=-1, addr=BUFFER_ADDRESS_INVALID, size_max=0):
@@ -65,30 +74,39 @@ class _VBuffer:
 
 # %% book/08_alloc.ipynb #alloc-gallocr-struct
 class GallocrNeedsReserveError(GGMLError):
-    """gallocr_alloc_graph got a graph its reservation does not fit, and has several buffers:
-    the caller must call gallocr_reserve_n (ggml's function returns false here)."""
+    """gallocr_alloc_graph got a graph its reservation does not fit, and has several
+    buffers: the caller must call gallocr_reserve_n (ggml's function returns false
+    here)."""
 
-
+# %% book/08_alloc.ipynb #alloc-gallocr-struct-70e87428
 class Gallocr:
-    """struct ggml_gallocr: plans a graph's memory over buffers of given types, then places it.
-
+    """struct ggml_gallocr: plans a graph's memory over buffers of given types, then
+    places it.
     Made by gallocr_new / gallocr_new_n; freed by gallocr_free.
     """
 
     def __init__(self, bufts):
         self.bufts = list(bufts)
         self.n_buffers = len(self.bufts)
-        self.buffers = [None] * self.n_buffers   # _VBuffer per buffer id; equal bufts share one
-        self.buf_tallocs = []                    # a planner per buffer id; equal bufts share one
+        # _VBuffer per buffer id; equal bufts share one
+        self.buffers = [None] * self.n_buffers
+        # a planner per buffer id; equal bufts share one
+        self.buf_tallocs = []
         for i, buft in enumerate(self.bufts):
             same = next((j for j in range(i) if self.bufts[j] is buft), None)
             if same is not None:
                 self.buf_tallocs.append(self.buf_tallocs[same])
             else:
-                self.buf_tallocs.append(dyn_tallocr_new(backend_buft_get_alignment(buft),
-                                                        backend_buft_get_max_size(buft)))
-        self.hash_values = {}                    # tensor -> _HashNode (ggml: a pointer hash set)
-        self.node_allocs = []                    # per node of the reserved graph: (dst, [src x 10])
+                self.buf_tallocs.append(
+                    dyn_tallocr_new(
+                        backend_buft_get_alignment(buft),
+                        backend_buft_get_max_size(buft),
+                    )
+                )
+        # tensor -> _HashNode (ggml: a pointer hash set)
+        self.hash_values = {}
+        # per node of the reserved graph: (dst, [src x 10])
+        self.node_allocs = []
         self.leaf_allocs = []                    # per leaf of the reserved graph
 
     @property
@@ -106,7 +124,8 @@ class Gallocr:
 
 # %% book/08_alloc.ipynb #alloc-gallocr-new
 def gallocr_new_n(bufts, n_bufs=None):
-    """ggml_gallocr_new_n: buffers 0..n_bufs-1 of types bufts[i]; a repeated type shares one buffer."""
+    """ggml_gallocr_new_n: buffers 0..n_bufs-1 of types bufts[i]; a repeated type shares
+    one buffer."""
     bufts = list(bufts)
     if n_bufs is not None:
         require(0 < n_bufs <= len(bufts), "gallocr_new_n",
@@ -136,7 +155,8 @@ def gallocr_free(galloc):
 
 # %% book/08_alloc.ipynb #alloc-vbuffer
 def _vbuffer_alloc(buft, talloc, usage):
-    """ggml_vbuffer_alloc: one backend buffer of max_size bytes per chunk; None if one fails."""
+    """ggml_vbuffer_alloc: one backend buffer of max_size bytes per chunk; None if one
+    fails."""
     chunks = []
     for chunk in talloc.chunks:
         buf = backend_buft_alloc_buffer(buft, chunk.max_size)
@@ -156,9 +176,11 @@ def _vbuffer_free(vbuf):
 
 
 def _vbuffer_chunk_size(vbuf, chunk):
-    return backend_buffer_get_size(vbuf.chunks[chunk]) if chunk < len(vbuf.chunks) else 0
+    return (
+        backend_buffer_get_size(vbuf.chunks[chunk]) if chunk < len(vbuf.chunks) else 0
+    )
 
-
+# %% book/08_alloc.ipynb #alloc-vbuffer-5b676534
 def _vbuffer_size(vbuf):
     return sum(backend_buffer_get_size(buf) for buf in vbuf.chunks)
 
@@ -193,14 +215,17 @@ def _is_allocated(galloc, t):
 def _is_output(t):
     return bool(t.flags & TensorFlag.OUTPUT)
 
-
+# %% book/08_alloc.ipynb #alloc-allocate-node-9bc248c4
 def _free_extra_space(galloc, node, parent):
-    """ggml_gallocr_free_extra_space: an in-place node smaller than its parent frees the rest."""
+    """ggml_gallocr_free_extra_space: an in-place node smaller than its parent frees the
+    rest."""
     hn, p_hn = _hash_get(galloc, node), _hash_get(galloc, parent)
     parent_size = backend_buft_get_alloc_size(galloc.bufts[p_hn.buffer_id], parent)
     node_size = backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
-    require(parent_size >= node_size, "gallocr", f"in-place node '{node.name}' needs {node_size} bytes, "
-                                                 f"more than the {parent_size} of '{parent.name}'")
+    require(parent_size >= node_size, "gallocr",
+            f"in-place node '{node.name}' needs {node_size} bytes, "
+                                                 f"more than the {parent_size} of "
+                                                 f"'{parent.name}'")
     p_alloc = galloc.buf_tallocs[p_hn.buffer_id]
     parent_size = PAD(parent_size, p_alloc.alignment)
     node_size = PAD(node_size, p_alloc.alignment)
@@ -210,38 +235,49 @@ def _free_extra_space(galloc, node, parent):
 
 # %% book/08_alloc.ipynb #alloc-try-inplace
 def _try_inplace(galloc, node, hn):
-    """Hand node the bytes of its first operand that it is the last reader of; True if done."""
+    """Hand node the bytes of its first operand that it is the last reader of; True if
+    done."""
     for parent in node.src:
         if parent is None or not _is_own(galloc, parent):
-            continue                           # external bytes are never taken over
-        if _is_output(parent) or (parent.view_src is not None and _is_output(parent.view_src)):
+            continue  # external bytes are never taken over
+        if _is_output(parent) or (
+            parent.view_src is not None and _is_output(parent.view_src)
+        ):
             continue                           # outputs must survive the graph
         if not are_same_layout(node, parent):
             continue
         p_hn = _hash_get(galloc, parent)
         if p_hn.n_children != 1 or p_hn.n_views != 0:
             continue                           # someone else will still read the parent
-        if parent.view_src is not None:        # (unreachable: a view is never "own"; kept as in ggml)
+        # (unreachable: a view is never "own"; kept as in ggml)
+        if parent.view_src is not None:
             view_src = parent.view_src
             vs_hn = _hash_get(galloc, view_src)
-            if vs_hn.n_views == 1 and vs_hn.n_children == 0 and view_src.data == parent.data:
+            if (
+                vs_hn.n_views == 1
+                and vs_hn.n_children == 0
+                and view_src.data == parent.data
+            ):
                 hn.buffer_id, hn.addr = p_hn.buffer_id, p_hn.addr
                 p_hn.allocated = vs_hn.allocated = False
                 _free_extra_space(galloc, node, view_src)
                 return True
         else:
             hn.buffer_id, hn.addr = p_hn.buffer_id, p_hn.addr
-            p_hn.allocated = False             # its bytes now belong to node: never free them
+            # its bytes now belong to node: never free them
+            p_hn.allocated = False
             _free_extra_space(galloc, node, parent)
             return True
     return False
 
 # %% book/08_alloc.ipynb #alloc-place-free
 def _allocate_node(galloc, node, buffer_id):
-    """ggml_gallocr_allocate_node: place a tensor, in place over an operand if the rules allow."""
+    """ggml_gallocr_allocate_node: place a tensor, in place over an operand if the rules
+    allow."""
     hn = _hash_get(galloc, node)
     if _is_allocated(galloc, node) or node.view_src is not None:
-        return                                 # has bytes already, or will share its source's
+        # has bytes already, or will share its source's
+        return
     hn.allocated = True
     if op_can_inplace(node.op) and _try_inplace(galloc, node, hn):
         return
@@ -251,7 +287,8 @@ def _allocate_node(galloc, node, buffer_id):
 
 
 def _free_node(galloc, node):
-    """ggml_gallocr_free_node: give a tensor's bytes back to the planner; never an OUTPUT's."""
+    """ggml_gallocr_free_node: give a tensor's bytes back to the planner; never an
+    OUTPUT's."""
     if _is_output(node):
         return
     hn = _hash_get(galloc, node)
@@ -265,12 +302,14 @@ def _buffer_id(ids, i):
 
 
 def _release_parent(galloc, parent):
-    """A node has read parent: if that was the last read, its bytes (or its source's) are free."""
+    """A node has read parent: if that was the last read, its bytes (or its source's)
+    are free."""
     p_hn = _hash_get(galloc, parent)
     p_hn.n_children -= 1
     if p_hn.n_children != 0 or p_hn.n_views != 0:
         return
-    if parent.view_src is not None:            # a view owns nothing: its source loses a view
+    # a view owns nothing: its source loses a view
+    if parent.view_src is not None:
         view_src = parent.view_src
         vs_hn = _hash_get(galloc, view_src)
         vs_hn.n_views -= 1
@@ -279,13 +318,14 @@ def _release_parent(galloc, parent):
     elif p_hn.allocated:
         _free_node(galloc, parent)
 
-
+# %% book/08_alloc.ipynb #alloc-graph-impl-e5145543
 def _alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids):
     """ggml_gallocr_alloc_graph_impl: the planning pass."""
     galloc.hash_values = {}
     for i, leaf in enumerate(graph.leafs):                 # 1. leafs first
         _allocate_node(galloc, leaf, _buffer_id(leaf_buffer_ids, i))
-    for i, node in enumerate(graph.nodes):                 # 2. count; place INPUT tensors now
+    # 2. count; place INPUT tensors now
+    for i, node in enumerate(graph.nodes):
         if node.view_src is not None and node.op != Op.NONE:
             _hash_get(galloc, node.view_src).n_views += 1
         if node.flags & TensorFlag.INPUT:
@@ -307,11 +347,13 @@ def _alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids):
 
 # %% book/08_alloc.ipynb #alloc-reserve
 def _record(galloc, t):
-    """The placement of t as planned; invalid for views and tensors with data from elsewhere."""
+    """The placement of t as planned; invalid for views and tensors with data from
+    elsewhere."""
     if t is None or t.view_src is not None or t.data:
         return _TensorAlloc()
     hn = _hash_get(galloc, t)
-    return _TensorAlloc(hn.buffer_id, hn.addr, backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], t))
+    return _TensorAlloc(hn.buffer_id, hn.addr,
+                        backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], t))
 
 
 def _check_buffer_ids(graph, node_buffer_ids, leaf_buffer_ids, n_buffers):
@@ -319,19 +361,23 @@ def _check_buffer_ids(graph, node_buffer_ids, leaf_buffer_ids, n_buffers):
                          ("leaf", leaf_buffer_ids, len(graph.leafs))):
         if ids is None:
             continue
-        require(len(ids) >= n, "gallocr_reserve_n", f"{len(ids)} {what} buffer ids for {n} {what}s")
+        require(len(ids) >= n, "gallocr_reserve_n",
+                f"{len(ids)} {what} buffer ids for {n} {what}s")
         bad = next((b for b in ids[:n] if not 0 <= b < n_buffers), None)
-        require(bad is None, "gallocr_reserve_n", lambda: f"{what} buffer id {bad} is not in 0..{n_buffers - 1}")
+        require(bad is None, "gallocr_reserve_n",
+                lambda: f"{what} buffer id {bad} is not in 0..{n_buffers - 1}")
 
 # %% book/08_alloc.ipynb #alloc-reserve-impl
 def _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc):
-    """ggml_gallocr_reserve_n_impl: plan, record the plan, grow the buffers that must grow."""
+    """ggml_gallocr_reserve_n_impl: plan, record the plan, grow the buffers that must
+    grow."""
     graph_check_alive(graph, "gallocr_reserve_n")
     _check_buffer_ids(graph, node_buffer_ids, leaf_buffer_ids, galloc.n_buffers)
     for talloc in galloc.buf_tallocs:
         dyn_tallocr_reset(talloc)
     _alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
-    galloc.node_allocs = [(_record(galloc, node), [_record(galloc, s) for s in node.src])
+    galloc.node_allocs = [(_record(galloc, node),
+                           [_record(galloc, s) for s in node.src])
                           for node in graph.nodes]
     galloc.leaf_allocs = [_record(galloc, leaf) for leaf in graph.leafs]
     success = True
@@ -341,46 +387,55 @@ def _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc):
                 galloc.buffers[i] = galloc.buffers[j]
                 break
         talloc, buf = galloc.buf_tallocs[i], galloc.buffers[i]
-        realloc = buf is None                  # even an empty plan gets a buffer (views need one)
+        # even an empty plan gets a buffer (views need one)
+        realloc = buf is None
         for c in range(len(talloc.chunks)):
-            if dyn_tallocr_max_size(talloc, c) > (_vbuffer_chunk_size(buf, c) if buf else 0):
+            if dyn_tallocr_max_size(talloc,
+                                    c) > (_vbuffer_chunk_size(buf, c) if buf else 0):
                 realloc = True
         if realloc:
             _vbuffer_free(buf)
             galloc.buffers[i] = None
             if not no_alloc:
-                galloc.buffers[i] = _vbuffer_alloc(galloc.bufts[i], talloc, BackendBufferUsage.COMPUTE)
+                galloc.buffers[i] = _vbuffer_alloc(galloc.bufts[i], talloc,
+                                                   BackendBufferUsage.COMPUTE)
                 success = success and galloc.buffers[i] is not None
     return success
 
-
+# %% book/08_alloc.ipynb #alloc-reserve-impl-f6875e2e
 def gallocr_reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None):
-    """ggml_gallocr_reserve_n: plan graph with node i in buffer node_buffer_ids[i] (leafs likewise;
-    None = buffer 0) and grow the buffers to the plan. False if a buffer could not be allocated."""
+    """ggml_gallocr_reserve_n: plan graph with node i in buffer node_buffer_ids[i]
+    (leafs likewise; None = buffer 0) and grow the buffers to the plan. False if a
+    buffer could not be allocated."""
     return _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, False)
 
 
 def gallocr_reserve(galloc, graph):
-    """ggml_gallocr_reserve: plan graph in buffer 0 and allocate it. Reserve the largest graph."""
+    """ggml_gallocr_reserve: plan graph in buffer 0 and allocate it. Reserve the largest
+    graph."""
     return gallocr_reserve_n(galloc, graph, None, None)
 
 
 def gallocr_reserve_n_size(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None):
-    """ggml_gallocr_reserve_n_size: the bytes each buffer id would need; allocates nothing.
-
-    ggml writes the sizes into an array argument; here they are returned as a list. As in ggml,
-    buffers that are too small for this graph are released.
+    """ggml_gallocr_reserve_n_size: the bytes each buffer id would need; allocates
+    nothing.
+    ggml writes the sizes into an array argument; here they are returned as a list. As
+    in ggml, buffers that are too small for this graph are released.
     """
     _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, True)
-    return [sum(chunk.max_size for chunk in talloc.chunks) for talloc in galloc.buf_tallocs]
+    return [
+        sum(chunk.max_size for chunk in talloc.chunks) for talloc in galloc.buf_tallocs
+    ]
 
 # %% book/08_alloc.ipynb #alloc-alloc-graph
 def _fits(galloc, t, talloc):
-    """ggml_gallocr_node_needs_realloc — which, despite its name, is true when t still fits."""
+    """ggml_gallocr_node_needs_realloc — which, despite its name, is true when t still
+    fits."""
     size = 0
     if not t.data and t.view_src is None:
         if talloc.buffer_id < 0:
-            return False                       # it had memory from elsewhere when planned
+            # it had memory from elsewhere when planned
+            return False
         size = backend_buft_get_alloc_size(galloc.bufts[talloc.buffer_id], t)
     return talloc.size_max >= size
 
@@ -399,9 +454,10 @@ def _needs_realloc(galloc, graph):
                 return f"src {j} ({src.name}) of node {node.name} is not valid"
     return None
 
-
+# %% book/08_alloc.ipynb #alloc-alloc-graph-8cf9e8f4
 def _init_tensor(galloc, t, talloc):
-    """ggml_gallocr_init_tensor: the recorded address for t; a view gets its source's + offset."""
+    """ggml_gallocr_init_tensor: the recorded address for t; a view gets its source's +
+    offset."""
     if t.view_src is not None:
         if t.buffer is None and t.view_src.buffer is not None:
             backend_view_init(t)
@@ -410,19 +466,21 @@ def _init_tensor(galloc, t, talloc):
 
 # %% book/08_alloc.ipynb #alloc-alloc-graph-fn
 def gallocr_alloc_graph(galloc, graph):
-    """ggml_gallocr_alloc_graph: give every tensor of graph its planned address; no new memory.
-
-    A graph that does not fit the reservation is reserved again if there is one buffer; with
-    several, GallocrNeedsReserveError (ggml returns false): call gallocr_reserve_n first.
-    Returns False only if a buffer could not be allocated.
+    """ggml_gallocr_alloc_graph: give every tensor of graph its planned address; no new
+    memory.
+    A graph that does not fit the reservation is reserved again if there is one buffer;
+    with several, GallocrNeedsReserveError (ggml returns false): call gallocr_reserve_n
+    first. Returns False only if a buffer could not be allocated.
     """
     graph_check_alive(graph, "gallocr_alloc_graph")
     reason = _needs_realloc(galloc, graph)
     if reason is None and any(buf is None for buf in galloc.buffers):
-        reason = "a buffer is missing: the last reserve could not allocate it"   # ggml crashes here
+        # ggml crashes here
+        reason = "a buffer is missing: the last reserve could not allocate it"
     if reason is not None:
         if galloc.n_buffers != 1:
-            raise GallocrNeedsReserveError(f"gallocr_alloc_graph: cannot reallocate multi buffer graph "
+            raise GallocrNeedsReserveError("gallocr_alloc_graph: cannot reallocate "
+                                           "multi buffer graph "
                                            f"automatically, call reserve ({reason})")
         if not gallocr_reserve(galloc, graph):
             return False
@@ -438,10 +496,10 @@ def gallocr_alloc_graph(galloc, graph):
         _init_tensor(galloc, node, dst)
     return True
 
-
+# %% book/08_alloc.ipynb #alloc-alloc-graph-fn-9afa8610
 def gallocr_get_buffer_size(galloc, buffer_id):
-    """ggml_gallocr_get_buffer_size: bytes of buffer buffer_id; 0 if none, or if an earlier id
-    shares it (so summing over ids counts each buffer once)."""
+    """ggml_gallocr_get_buffer_size: bytes of buffer buffer_id; 0 if none, or if an
+    earlier id shares it (so summing over ids counts each buffer once)."""
     require(0 <= buffer_id < galloc.n_buffers, "gallocr_get_buffer_size",
             f"buffer_id {buffer_id} is not in 0..{galloc.n_buffers - 1}")
     buf = galloc.buffers[buffer_id]
@@ -451,8 +509,9 @@ def gallocr_get_buffer_size(galloc, buffer_id):
 
 # %% book/08_alloc.ipynb #alloc-live-ranges
 def live_ranges(graph):
-    """{tensor: (first, last)}: the node indices between which each non-view tensor of graph must
-    hold its value (first = -1: set before the graph runs; last = n_nodes: needed after it)."""
+    """{tensor: (first, last)}: the node indices between which each non-view tensor of
+    graph must hold its value (first = -1: set before the graph runs; last = n_nodes:
+    needed after it)."""
     n = len(graph.nodes)
     first, last = {}, {}
 
@@ -471,16 +530,18 @@ def live_ranges(graph):
         for src in node.src:
             if src is not None:
                 read.add(id(src))
-                first.setdefault(root(src), -1)     # an INPUT operand placed before the graph
+                # an INPUT operand placed before the graph
+                first.setdefault(root(src), -1)
                 last[root(src)] = max(last.get(root(src), i), i)
     for node in graph.nodes:
         if node.flags & TensorFlag.OUTPUT or id(node) not in read:
             last[root(node)] = n
     return {t: (first[t], last[t]) for t in first}
 
-
+# %% book/08_alloc.ipynb #alloc-live-ranges-c0b78ba3
 def placements(galloc, graph):
-    """[(tensor, buffer_id, chunk, offset, alloc size)] of the tensors of graph in galloc's buffers."""
+    """[(tensor, buffer_id, chunk, offset, alloc size)] of the tensors of graph in
+    galloc's buffers."""
     where = {}
     for buffer_id, vbuf in enumerate(galloc.buffers):
         if vbuf is not None:
@@ -488,7 +549,12 @@ def placements(galloc, graph):
                 where.setdefault(id(buf), (buffer_id, chunk, buf))
     out, seen = [], set()
     for t in list(graph.leafs) + list(graph.nodes):
-        if t.view_src is not None or id(t) in seen or t.buffer is None or id(t.buffer) not in where:
+        if (
+            t.view_src is not None
+            or id(t) in seen
+            or t.buffer is None
+            or id(t.buffer) not in where
+        ):
             continue
         seen.add(id(t))
         buffer_id, chunk, buf = where[id(t.buffer)]

@@ -514,7 +514,8 @@ from ggml_lite.backend_buffer import *  # noqa: F401,F403  (buffer types, buffer
 
 # %% book/07d_backend_registry.ipynb #backend-face-reg
 from ggml_lite.backend_reg import *  # noqa: F401,F403  (the registry and the loader)
-from ggml_lite.backend_reg import registry as _registry   # the name tests reset the registry through
+# the name tests reset the registry through
+from ggml_lite.backend_reg import registry as _registry
 
 # %% book/08_alloc.ipynb #tallocr-face
 from ggml_lite.tallocr import *  # noqa: F401,F403  (ggml-alloc.c's linear allocator and alloc_ctx_tensors)

@@ -20,12 +20,14 @@ _log = logging.getLogger("ggml_lite.backend")
 
 # %% book/07d_backend_registry.ipynb #backend-registry
 _ENTRY_POINT_GROUP = "ggml_lite.backends"
-_SHIPPED = ("blas", "cuda", "rpc", "cpu")   # ggml's load_all order, of the backends ggml_lite has
+# ggml's load_all order, of the backends ggml_lite has
+_SHIPPED = ("blas", "cuda", "rpc", "cpu")
 _ENV_PATH = "GGML_LITE_BACKEND_PATH"
 
 
 class _Registry:
-    """struct ggml_backend_registry: the regs (with the module that made each) and their devices."""
+    """struct ggml_backend_registry: the regs (with the module that made each) and their
+    devices."""
 
     def __init__(self):
         self.backends = []          # [(reg, module or None)]
@@ -34,7 +36,8 @@ class _Registry:
     def register_backend(self, reg, module=None):
         if reg is None or any(r is reg for r, _ in self.backends):
             return
-        _log.debug("register_backend: registered backend %s (%d devices)", reg.get_name(),
+        _log.debug("register_backend: registered backend %s (%d devices)",
+                   reg.get_name(),
                    reg.get_device_count())
         self.backends.append((reg, module))
         for i in range(reg.get_device_count()):
@@ -75,15 +78,17 @@ def backend_reg_count():
 
 def backend_reg_get(index):
     """ggml_backend_reg_get"""
-    check_index(index, len(registry.backends), "backend_reg_get", "the registered backends")
+    check_index(index, len(registry.backends), "backend_reg_get",
+                "the registered backends")
     return registry.backends[index][0]
 
 
 def backend_reg_by_name(name):
     """ggml_backend_reg_by_name: case-insensitive; None if there is none."""
-    return next((r for r, _ in registry.backends if r.get_name().lower() == name.lower()), None)
+    return next((r for r,
+                 _ in registry.backends if r.get_name().lower() == name.lower()), None)
 
-
+# %% book/07d_backend_registry.ipynb #backend-registry-api-8e22d009
 def backend_dev_count():
     """ggml_backend_dev_count"""
     return len(registry.devices)
@@ -91,13 +96,15 @@ def backend_dev_count():
 
 def backend_dev_get(index):
     """ggml_backend_dev_get"""
-    check_index(index, len(registry.devices), "backend_dev_get", "the registered devices")
+    check_index(index, len(registry.devices), "backend_dev_get",
+                "the registered devices")
     return registry.devices[index]
 
 
 def backend_dev_by_name(name):
     """ggml_backend_dev_by_name: case-insensitive; None if there is none."""
-    return next((d for d in registry.devices if d.get_name().lower() == name.lower()), None)
+    return next((d for d in registry.devices if d.get_name().lower() == name.lower()),
+                None)
 
 
 def backend_dev_by_type(type):
@@ -118,14 +125,19 @@ def backend_init_by_type(type, params=None):
 
 
 def backend_init_best():
-    """ggml_backend_init_best: a GPU if there is one, else an integrated GPU, else the CPU (or None)."""
-    dev = (backend_dev_by_type(BackendDevType.GPU) or backend_dev_by_type(BackendDevType.IGPU)
-           or backend_dev_by_type(BackendDevType.CPU))
+    """ggml_backend_init_best: a GPU if there is one, else an integrated GPU, else the
+    CPU (or None)."""
+    dev = (
+        backend_dev_by_type(BackendDevType.GPU)
+        or backend_dev_by_type(BackendDevType.IGPU)
+        or backend_dev_by_type(BackendDevType.CPU)
+    )
     return None if dev is None else dev.init_backend(None)
 
 # %% book/07d_backend_registry.ipynb #backend-load-api
 def backend_load(path):
-    """ggml_backend_load: load a backend module from a .py file and register its reg; the reg or None."""
+    """ggml_backend_load: load a backend module from a .py file and register its reg;
+    the reg or None."""
     path = Path(path)
     try:
         module = _import_file(path)
@@ -141,9 +153,10 @@ def backend_unload(reg):
 
 
 def backend_load_all():
-    """ggml_backend_load_all: register every backend that can run here: the shipped ones (BLAS,
-    CUDA, RPC, CPU), then the entry points of group "ggml_lite.backends", then $GGML_LITE_BACKEND_PATH.
-    Silent: what was skipped, and why, is logged at DEBUG (logger "ggml_lite.backend")."""
+    """ggml_backend_load_all: register every backend that can run here: the shipped ones
+    (BLAS, CUDA, RPC, CPU), then the entry points of group "ggml_lite.backends", then
+    $GGML_LITE_BACKEND_PATH. Silent: what was skipped, and why, is logged at DEBUG
+    (logger "ggml_lite.backend")."""
     for name in _SHIPPED:
         _load_shipped(name)
     for ep in _entry_points():
@@ -184,10 +197,12 @@ def _load_module(module, origin, silent):
         try:
             score = int(score_fn())
         except Exception as e:
-            error("load_backend: %s: ggml_backend_score raised %s: %s", origin, type(e).__name__, e)
+            error("load_backend: %s: ggml_backend_score raised %s: %s", origin,
+                  type(e).__name__, e)
             return None
         if score == 0:
-            info("load_backend: backend %s is not supported on this system (ggml_backend_score = 0)", origin)
+            info("load_backend: backend %s is not supported on this system "
+                 "(ggml_backend_score = 0)", origin)
             return None
     init_fn = getattr(module, "ggml_backend_init", None)
     if init_fn is None:
@@ -196,14 +211,18 @@ def _load_module(module, origin, silent):
     try:
         reg = init_fn()
     except Exception as e:
-        error("load_backend: failed to initialize backend from %s: %s: %s", origin, type(e).__name__, e)
+        error("load_backend: failed to initialize backend from %s: %s: %s", origin,
+              type(e).__name__, e)
         return None
     if reg is None:
-        error("load_backend: failed to initialize backend from %s: ggml_backend_init returned None", origin)
+        error("load_backend: failed to initialize backend from %s: ggml_backend_init "
+              "returned None", origin)
         return None
     if getattr(reg, "api_version", None) != BACKEND_API_VERSION:
-        error("load_backend: failed to initialize backend from %s: incompatible API version "
-              "(backend: %s, current: %d)", origin, getattr(reg, "api_version", None), BACKEND_API_VERSION)
+        error("load_backend: failed to initialize backend from %s: incompatible API "
+              "version "
+              "(backend: %s, current: %d)", origin, getattr(reg, "api_version", None),
+              BACKEND_API_VERSION)
         return None
     _log.info("load_backend: loaded %s backend from %s", reg.get_name(), origin)
     registry.register_backend(reg, module)
@@ -217,19 +236,25 @@ def _load_shipped(name):
         if not hasattr(module, "ggml_backend_init") and hasattr(module, "__path__"):
             module = importlib.import_module(f"{modname}.backend")
     except ModuleNotFoundError as e:
-        if e.name is not None and (e.name == modname or e.name.startswith(modname + ".")):
-            _log.debug("backend_load_all: %s: no such backend in this ggml_lite (%s)", name, e.name)
+        if e.name is not None and (
+            e.name == modname or e.name.startswith(modname + ".")
+        ):
+            _log.debug("backend_load_all: %s: no such backend in this ggml_lite (%s)",
+                       name, e.name)
         else:
-            _log.debug("backend_load_all: %s: import failed: %s: %s", name, type(e).__name__, e)
+            _log.debug("backend_load_all: %s: import failed: %s: %s", name,
+                       type(e).__name__, e)
         return None
     except Exception as e:
-        _log.debug("backend_load_all: %s: import failed: %s: %s", name, type(e).__name__, e)
+        _log.debug("backend_load_all: %s: import failed: %s: %s", name,
+                   type(e).__name__, e)
         return None
     return _load_module(module, module.__name__, silent=True)
 
-
+# %% book/07d_backend_registry.ipynb #backend-load-sources-fcb4d380
 def _entry_points():
-    """The entry points of group ggml_lite.backends, one per (name, value), in a stable order."""
+    """The entry points of group ggml_lite.backends, one per (name, value), in a stable
+    order."""
     seen, eps = set(), []
     for ep in importlib.metadata.entry_points(group=_ENTRY_POINT_GROUP):
         if (ep.name, ep.value) not in seen:
@@ -243,8 +268,10 @@ def _load_entry_point(ep):
     try:
         obj = ep.load()
     except Exception as e:
-        _log.debug("backend_load_all: %s: import failed: %s: %s", origin, type(e).__name__, e)
+        _log.debug("backend_load_all: %s: import failed: %s: %s", origin,
+                   type(e).__name__, e)
         return None
-    if not isinstance(obj, _pytypes.ModuleType):      # the entry point names the init function
+    # the entry point names the init function
+    if not isinstance(obj, _pytypes.ModuleType):
         obj = _pytypes.SimpleNamespace(ggml_backend_init=obj)
     return _load_module(obj, origin, silent=True)

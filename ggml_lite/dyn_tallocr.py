@@ -10,7 +10,8 @@ from ggml_lite.context import PAD
 from ggml_lite.core import require
 
 MAX_FREE_BLOCKS = 256       # free blocks one chunk can track (ggml-alloc.c)
-VBUFFER_MAX_CHUNKS = 16     # GGML_VBUFFER_MAX_CHUNKS: backend buffers behind one virtual buffer
+# GGML_VBUFFER_MAX_CHUNKS: backend buffers behind one virtual buffer
+VBUFFER_MAX_CHUNKS = 16
 _SIZE_MAX = 2**64 - 1
 
 
@@ -35,7 +36,8 @@ class _FreeBlock:
 
 # %% book/08_alloc.ipynb #alloc-chunk
 class _Chunk:
-    """struct tallocr_chunk: free blocks sorted by offset (the last one is the tail), and max_size."""
+    """struct tallocr_chunk: free blocks sorted by offset (the last one is the tail),
+    and max_size."""
 
     def __init__(self, size):
         self.free_blocks = [_FreeBlock(0, size)]
@@ -51,16 +53,17 @@ class _Chunk:
             pos += 1
         self.free_blocks.insert(pos, _FreeBlock(offset, size))
 
-
+# %% book/08_alloc.ipynb #alloc-chunk-547547b4
 class DynTallocr:
-    """struct ggml_dyn_tallocr: plans offsets in up to 16 chunks without touching memory.
-
+    """struct ggml_dyn_tallocr: plans offsets in up to 16 chunks without touching
+    memory.
     Made by dyn_tallocr_new; used by the graph allocator, one per buffer type.
     """
 
     def __init__(self, alignment, max_chunk_size):
         self.alignment = alignment             # every size is rounded up to this
-        self.max_chunk_size = max_chunk_size   # a chunk's tail ends here (unless a tensor needs more)
+        # a chunk's tail ends here (unless a tensor needs more)
+        self.max_chunk_size = max_chunk_size
         self.chunks = []                       # _Chunk, created on demand
 
     def __repr__(self):
@@ -70,7 +73,8 @@ class DynTallocr:
 
 # %% book/08_alloc.ipynb #alloc-planner-new
 def dyn_tallocr_new(alignment, max_buffer_size=_SIZE_MAX):
-    """ggml_dyn_tallocr_new: an empty planner; chunks are capped at max_buffer_size (and SIZE_MAX/2)."""
+    """ggml_dyn_tallocr_new: an empty planner; chunks are capped at max_buffer_size (and
+    SIZE_MAX/2)."""
     require(alignment > 0 and not alignment & (alignment - 1), "dyn_tallocr_new",
             f"alignment {alignment} is not a power of 2")
     return DynTallocr(alignment, min(max_buffer_size, _SIZE_MAX // 2))
@@ -82,12 +86,14 @@ def dyn_tallocr_reset(alloc):
 
 
 def dyn_tallocr_max_size(alloc, chunk):
-    """ggml_dyn_tallocr_max_size: the bytes chunk `chunk` needs (0 if there is no such chunk)."""
+    """ggml_dyn_tallocr_max_size: the bytes chunk `chunk` needs (0 if there is no such
+    chunk)."""
     return alloc.chunks[chunk].max_size if chunk < len(alloc.chunks) else 0
 
 # %% book/08_alloc.ipynb #alloc-planner-alloc
 def _new_chunk(alloc, min_size):
-    """ggml_dyn_tallocr_new_chunk: the index of a fresh chunk, or -1 when all 16 exist."""
+    """ggml_dyn_tallocr_new_chunk: the index of a fresh chunk, or -1 when all 16 exist.
+    """
     if len(alloc.chunks) >= VBUFFER_MAX_CHUNKS:
         return -1
     size = max(min_size, alloc.max_chunk_size)
@@ -98,7 +104,8 @@ def _new_chunk(alloc, min_size):
 
 
 def _best_fit(alloc, size):
-    """The smallest block before a chunk's tail that holds size (ties: the later block)."""
+    """The smallest block before a chunk's tail that holds size (ties: the later block).
+    """
     best_chunk = best_block = -1
     for c, chunk in enumerate(alloc.chunks):
         best_size = _SIZE_MAX                  # reset per chunk, as in ggml
@@ -107,17 +114,18 @@ def _best_fit(alloc, size):
                 best_chunk, best_block, best_size = c, i, block.size
     return best_chunk, best_block
 
-
+# %% book/08_alloc.ipynb #alloc-planner-alloc-425737f2
 def _best_tail(alloc, size):
-    """The tail to carve from: one that fits inside its chunk's max_size with the least slack,
-    else the one that makes its chunk grow the least."""
+    """The tail to carve from: one that fits inside its chunk's max_size with the least
+    slack, else the one that makes its chunk grow the least."""
     best_chunk = best_block = -1
     best_reuse = -2**63                        # INT64_MIN
     for c, chunk in enumerate(alloc.chunks):
         if not chunk.free_blocks:
             continue
         tail = chunk.free_blocks[-1]
-        reuse = chunk.max_size - tail.offset - size    # < 0: the chunk grows by -reuse bytes
+        # < 0: the chunk grows by -reuse bytes
+        reuse = chunk.max_size - tail.offset - size
         better_reuse = best_reuse < 0 and reuse > best_reuse
         better_fit = 0 <= reuse < best_reuse
         if tail.size >= size and (better_reuse or better_fit):
@@ -126,7 +134,8 @@ def _best_tail(alloc, size):
 
 # %% book/08_alloc.ipynb #alloc-planner-take
 def dyn_tallocr_alloc(alloc, size, tensor=None):
-    """ggml_dyn_tallocr_alloc: reserve size bytes (rounded up to the alignment); their BufferAddress."""
+    """ggml_dyn_tallocr_alloc: reserve size bytes (rounded up to the alignment); their
+    BufferAddress."""
     size = PAD(size, alloc.alignment)
     chunk_id, block_id = _best_fit(alloc, size)
     if block_id == -1:
@@ -134,7 +143,8 @@ def dyn_tallocr_alloc(alloc, size, tensor=None):
     if block_id == -1:
         chunk_id, block_id = _new_chunk(alloc, size), 0
     what = f" for '{tensor.name}'" if tensor is not None else ""
-    require(chunk_id != -1, "graph allocation",            # cannot fail: the 16th chunk is unbounded
+    # cannot fail: the 16th chunk is unbounded
+    require(chunk_id != -1, "graph allocation",
             f"failed to reserve memory: no room for {size} bytes{what}")
     chunk = alloc.chunks[chunk_id]
     block = chunk.free_blocks[block_id]
@@ -146,24 +156,32 @@ def dyn_tallocr_alloc(alloc, size, tensor=None):
     chunk.max_size = max(chunk.max_size, addr.offset + size)
     return addr
 
-
+# %% book/08_alloc.ipynb #alloc-planner-take-9efe03e0
 def dyn_tallocr_free_bytes(alloc, addr, size):
-    """ggml_dyn_tallocr_free_bytes: give back size bytes at addr, merged with the blocks they touch."""
+    """ggml_dyn_tallocr_free_bytes: give back size bytes at addr, merged with the blocks
+    they touch."""
     size = PAD(size, alloc.alignment)
     chunk = alloc.chunks[addr.chunk]
     blocks = chunk.free_blocks
     for i, block in enumerate(blocks):
-        if block.offset + block.size == addr.offset:          # the bytes continue this block
+        # the bytes continue this block
+        if block.offset + block.size == addr.offset:
             block.size += size
-            if i + 1 < len(blocks) and block.offset + block.size == blocks[i + 1].offset:
-                block.size += blocks[i + 1].size               # ... and close the gap to the next
+            if (
+                i + 1 < len(blocks)
+                and block.offset + block.size == blocks[i + 1].offset
+            ):
+                # ... and close the gap to the next
+                block.size += blocks[i + 1].size
                 del blocks[i + 1]
             return
-        if addr.offset + size == block.offset:                 # the bytes run into this block
+        # the bytes run into this block
+        if addr.offset + size == block.offset:
             block.offset = addr.offset
             block.size += size
             if i > 0 and blocks[i - 1].offset + blocks[i - 1].size == block.offset:
-                blocks[i - 1].size += block.size               # ... and close the gap to the previous
+                # ... and close the gap to the previous
+                blocks[i - 1].size += block.size
                 del blocks[i]
             return
     chunk.insert_block(addr.offset, size)

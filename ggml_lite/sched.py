@@ -6,22 +6,25 @@ __all__ = ['backend_sched_reserve', 'backend_sched_reserve_size', 'backend_sched
 # %% book/09_sched.ipynb #sched-imports
 import logging
 
-from ggml_lite.alloc import (GallocrNeedsReserveError, gallocr_alloc_graph, gallocr_reserve_n,
-                             gallocr_reserve_n_size)
-from ggml_lite.backend import (backend_event_record, backend_event_synchronize, backend_event_wait,
-                               backend_graph_compute_async, backend_synchronize, backend_tensor_copy)
+from ggml_lite.alloc import (
+    GallocrNeedsReserveError, gallocr_alloc_graph, gallocr_reserve_n,
+    gallocr_reserve_n_size)
+from ggml_lite.backend import (
+    backend_event_record, backend_event_synchronize, backend_event_wait,
+    backend_graph_compute_async, backend_synchronize, backend_tensor_copy)
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import graph_view
-# the scheduler's state and its passes live in sched_state and sched_passes (written below);
-# ggml_lite.sched offers their names too
-from ggml_lite.sched_passes import backend_sched_print_assignments, backend_sched_split_graph
-from ggml_lite.sched_state import (SCHED_MAX_BACKENDS, SCHED_MAX_COPIES, SCHED_MAX_SPLIT_INPUTS, BackendSched,
-                                   BackendSchedSplit, backend_sched_free, backend_sched_get_backend,
-                                   backend_sched_get_buffer_size, backend_sched_get_buffer_type,
-                                   backend_sched_get_n_backends, backend_sched_get_n_copies,
-                                   backend_sched_get_n_splits, backend_sched_get_tensor_backend,
-                                   backend_sched_new, backend_sched_reset, backend_sched_set_tensor_backend,
-                                   sched_tensor_copy)
+# the scheduler's state and its passes live in sched_state and sched_passes (written
+# below); ggml_lite.sched offers their names too
+from ggml_lite.sched_passes import (
+    backend_sched_print_assignments, backend_sched_split_graph)
+from ggml_lite.sched_state import (
+    SCHED_MAX_BACKENDS, SCHED_MAX_COPIES, SCHED_MAX_SPLIT_INPUTS, BackendSched,
+    BackendSchedSplit, backend_sched_free, backend_sched_get_backend,
+    backend_sched_get_buffer_size, backend_sched_get_buffer_type,
+    backend_sched_get_n_backends, backend_sched_get_n_copies,
+    backend_sched_get_n_splits, backend_sched_get_tensor_backend, backend_sched_new,
+    backend_sched_reset, backend_sched_set_tensor_backend, sched_tensor_copy)
 from ggml_lite.tensor import TensorFlag
 
 _log = logging.getLogger("ggml_lite.sched")
@@ -29,13 +32,16 @@ _log = logging.getLogger("ggml_lite.sched")
 # %% book/09_sched.ipynb #sched-alloc
 def _check_hash_room(sched, graph, where):
     if sched.hash_size < graph.n_nodes + graph.n_leafs:
-        raise GGMLError(f"{where}: GGML_ASSERT((int)sched->hash_set.size >= graph->n_nodes + "
-                        f"graph->n_leafs) failed: {sched.hash_size} < {graph.n_nodes} + {graph.n_leafs}; "
+        raise GGMLError(f"{where}: GGML_ASSERT((int)sched->hash_set.size >= "
+                        "graph->n_nodes + "
+                        f"graph->n_leafs) failed: {sched.hash_size} < {graph.n_nodes} "
+                        f"+ {graph.n_leafs}; "
                         f"make the scheduler with a larger graph_size")
 
 
 def _ids_changed(sched, ids, prev):
-    """Did a tensor move to a backend with another buffer type (prev ids are 0 where unknown)?"""
+    """Did a tensor move to a backend with another buffer type (prev ids are 0 where
+    unknown)?"""
     for i, b in enumerate(ids):
         p = prev[i] if i < len(prev) else 0
         if b != p and sched.bufts[b] is not sched.bufts[p]:
@@ -44,22 +50,27 @@ def _ids_changed(sched, ids, prev):
 
 
 def _gallocr_alloc(sched):
-    """gallocr_alloc_graph, with ggml's false for "needs a reserve" (ggml_lite raises there)."""
+    """gallocr_alloc_graph, with ggml's false for "needs a reserve" (ggml_lite raises
+    there)."""
     try:
         return gallocr_alloc_graph(sched.galloc, sched.graph)
     except GallocrNeedsReserveError:
         return False
 
-
+# %% book/09_sched.ipynb #sched-alloc-bc0747d9
 def _alloc_splits(sched):
-    """ggml_backend_sched_alloc_splits: place the graph copy; plan again if it does not fit."""
+    """ggml_backend_sched_alloc_splits: place the graph copy; plan again if it does not
+    fit."""
     changed = (_ids_changed(sched, sched.node_backend_ids, sched.prev_node_backend_ids)
-               or _ids_changed(sched, sched.leaf_backend_ids, sched.prev_leaf_backend_ids))
+               or _ids_changed(sched, sched.leaf_backend_ids,
+                               sched.prev_leaf_backend_ids))
     if changed or not _gallocr_alloc(sched):
-        _log.debug("alloc_splits: failed to allocate graph, reserving (backend_ids_changed = %d)", changed)
+        _log.debug("alloc_splits: failed to allocate graph, reserving "
+                   "(backend_ids_changed = %d)", changed)
         for backend in sched.backends:     # copies may move: nothing may be in flight
             backend_synchronize(backend)
-        gallocr_reserve_n(sched.galloc, sched.graph, sched.node_backend_ids, sched.leaf_backend_ids)
+        gallocr_reserve_n(sched.galloc, sched.graph, sched.node_backend_ids,
+                          sched.leaf_backend_ids)
         if not _gallocr_alloc(sched):
             _log.error("alloc_splits: failed to allocate graph")
             return False
@@ -67,34 +78,38 @@ def _alloc_splits(sched):
 
 # %% book/09_sched.ipynb #sched-reserve
 def backend_sched_reserve(sched, measure_graph):
-    """ggml_backend_sched_reserve: split measure_graph and size every backend's compute buffer for
-    it (reserve the largest graph, e.g. the biggest batch); then reset. False if a buffer could
-    not be allocated. measure_graph is rewritten: do not compute it afterwards."""
+    """ggml_backend_sched_reserve: split measure_graph and size every backend's compute
+    buffer for it (reserve the largest graph, e.g. the biggest batch); then reset. False
+    if a buffer could not be allocated. measure_graph is rewritten: do not compute it
+    afterwards."""
     _check_hash_room(sched, measure_graph, "backend_sched_reserve")
     backend_sched_synchronize(sched)
     backend_sched_split_graph(sched, measure_graph)
-    if not gallocr_reserve_n(sched.galloc, sched.graph, sched.node_backend_ids, sched.leaf_backend_ids):
+    if not gallocr_reserve_n(sched.galloc, sched.graph, sched.node_backend_ids,
+                             sched.leaf_backend_ids):
         return False
     backend_sched_reset(sched)
     return True
 
 
 def backend_sched_reserve_size(sched, measure_graph):
-    """ggml_backend_sched_reserve_size: the bytes each backend's buffer would need (a list, one per
-    backend; ggml fills an array); allocates nothing."""
+    """ggml_backend_sched_reserve_size: the bytes each backend's buffer would need (a
+    list, one per backend; ggml fills an array); allocates nothing."""
     _check_hash_room(sched, measure_graph, "backend_sched_reserve_size")
     backend_sched_reset(sched)
     backend_sched_synchronize(sched)
     backend_sched_split_graph(sched, measure_graph)
-    return gallocr_reserve_n_size(sched.galloc, sched.graph, sched.node_backend_ids, sched.leaf_backend_ids)
+    return gallocr_reserve_n_size(sched.galloc, sched.graph, sched.node_backend_ids,
+                                  sched.leaf_backend_ids)
 
-
+# %% book/09_sched.ipynb #sched-reserve-e6af1bfa
 def backend_sched_alloc_graph(sched, graph):
-    """ggml_backend_sched_alloc_graph: split graph and give every tensor its memory (the next of
-    the n_copies input copies). Set the inputs after this, then compute."""
+    """ggml_backend_sched_alloc_graph: split graph and give every tensor its memory (the
+    next of the n_copies input copies). Set the inputs after this, then compute."""
     _check_hash_room(sched, graph, "backend_sched_alloc_graph")
     if sched.is_alloc:
-        raise GGMLError("backend_sched_alloc_graph: GGML_ASSERT(!sched->is_alloc) failed: a graph is "
+        raise GGMLError("backend_sched_alloc_graph: GGML_ASSERT(!sched->is_alloc) "
+                        "failed: a graph is "
                         "allocated already; call backend_sched_reset first")
     sched.cur_copy = sched.next_copy
     sched.next_copy = (sched.next_copy + 1) % sched.n_copies
@@ -106,7 +121,8 @@ def backend_sched_alloc_graph(sched, graph):
 
 # %% book/09_sched.ipynb #sched-copy-inputs
 def _wait_split_backend(sched, split_backend_id, blocking):
-    """Before overwriting a split's input copy: the split backend must be done with it."""
+    """Before overwriting a split's input copy: the split backend must be done with it.
+    """
     event = sched.events[split_backend_id][sched.cur_copy]
     backend = sched.backends[split_backend_id]
     if event is None:
@@ -116,7 +132,7 @@ def _wait_split_backend(sched, split_backend_id, blocking):
     else:
         backend_event_wait(backend, event)
 
-
+# %% book/09_sched.ipynb #sched-copy-inputs-51137e85
 def _copy_inputs(sched, split):
     """Each input of split into its copy on the split's backend."""
     split_backend = sched.backends[split.backend_id]
@@ -129,8 +145,8 @@ def _copy_inputs(sched, split):
             backend_tensor_copy(inp, input_cpy)
             continue
         _wait_split_backend(sched, split.backend_id, blocking=False)
-        # ggml also copies only the used experts of host MoE weights for MUL_MAT_ID here;
-        # ggml_lite has no MUL_MAT_ID, so every input is copied whole
+        # ggml also copies only the used experts of host MoE weights for MUL_MAT_ID
+        # here; ggml_lite has no MUL_MAT_ID, so every input is copied whole
         if not split_backend.cpy_tensor_async(input_backend, inp, input_cpy):
             backend_synchronize(input_backend)
             _wait_split_backend(sched, split.backend_id, blocking=True)
@@ -138,9 +154,9 @@ def _copy_inputs(sched, split):
 
 # %% book/09_sched.ipynb #sched-compute-splits
 def _compute_with_callback(sched, split, backend):
-    """ggml's ask/observe loop: ask the callback about each node; compute up to the first node it
-    wants, synchronize, show it the result. False from the observing call ends this split's
-    compute (in ggml 0.15.3 the later splits still run)."""
+    """ggml's ask/observe loop: ask the callback about each node; compute up to the
+    first node it wants, synchronize, show it the result. False from the observing call
+    ends this split's compute (in ggml 0.15.3 the later splits still run)."""
     cb, data = sched.callback_eval, sched.callback_eval_user_data
     nodes, j0 = split.graph.nodes, 0
     while j0 < len(nodes):
@@ -149,18 +165,21 @@ def _compute_with_callback(sched, split, backend):
         while not need and j1 < len(nodes) - 1:
             j1 += 1
             need = bool(cb(nodes[j1], True, data))
-        status = backend_graph_compute_async(backend, graph_view(split.graph, j0, j1 + 1))
+        status = backend_graph_compute_async(backend,
+                                             graph_view(split.graph, j0, j1 + 1))
         if status != Status.SUCCESS:
             return status
         backend_synchronize(backend)
         if need and not cb(nodes[j1], False, data):
-            break                                # ggml: the rest of this split is skipped
+            # ggml: the rest of this split is skipped
+            break
         j0 = j1 + 1
     return Status.SUCCESS
 
-
+# %% book/09_sched.ipynb #sched-compute-splits-b70839a3
 def _compute_splits(sched):
-    """ggml_backend_sched_compute_splits: per split, copy its inputs in, compute, record an event."""
+    """ggml_backend_sched_compute_splits: per split, copy its inputs in, compute, record
+    an event."""
     for split in sched.splits:
         backend = sched.backends[split.backend_id]
         _copy_inputs(sched, split)
@@ -179,8 +198,9 @@ def _compute_splits(sched):
 
 # %% book/09_sched.ipynb #sched-compute
 def backend_sched_graph_compute_async(sched, graph):
-    """ggml_backend_sched_graph_compute_async: allocate graph if that was not done (resetting a
-    sched that was split but not allocated), then compute split by split; a Status."""
+    """ggml_backend_sched_graph_compute_async: allocate graph if that was not done
+    (resetting a sched that was split but not allocated), then compute split by split; a
+    Status."""
     if not sched.is_reset and not sched.is_alloc:
         backend_sched_reset(sched)
     if not sched.is_alloc and not backend_sched_alloc_graph(sched, graph):
@@ -189,24 +209,27 @@ def backend_sched_graph_compute_async(sched, graph):
 
 
 def backend_sched_graph_compute(sched, graph):
-    """ggml_backend_sched_graph_compute: compute and wait for every backend; a Status."""
+    """ggml_backend_sched_graph_compute: compute and wait for every backend; a Status.
+    """
     status = backend_sched_graph_compute_async(sched, graph)
     backend_sched_synchronize(sched)
     return status
 
 
 def backend_sched_synchronize(sched):
-    """ggml_backend_sched_synchronize: wait for every backend. Without an allocated graph the next
-    alloc uses copy 0 again (generation then uses the same copy every time)."""
+    """ggml_backend_sched_synchronize: wait for every backend. Without an allocated
+    graph the next alloc uses copy 0 again (generation then uses the same copy every
+    time)."""
     for backend in sched.backends:
         backend_synchronize(backend)
     if not sched.is_alloc:
         sched.next_copy = 0
 
-
+# %% book/09_sched.ipynb #sched-compute-744a87de
 def backend_sched_set_eval_callback(sched, callback, user_data=None):
-    """ggml_backend_sched_set_eval_callback: callback(t, ask, user_data) -> bool. Asked (ask=True)
-    about each node in order: True = "show me this one". After the nodes up to it are computed it
-    is called with ask=False; returning False there ends the split's compute. None removes it."""
+    """ggml_backend_sched_set_eval_callback: callback(t, ask, user_data) -> bool. Asked
+    (ask=True) about each node in order: True = "show me this one". After the nodes up
+    to it are computed it is called with ask=False; returning False there ends the
+    split's compute. None removes it."""
     sched.callback_eval = callback
     sched.callback_eval_user_data = user_data

@@ -6,37 +6,42 @@ __all__ = ['backend_sched_split_graph', 'fmt_size', 'backend_sched_print_assignm
 # %% book/09_sched.ipynb #sched-pass1
 import logging
 
-from ggml_lite.backend import (BackendBufferUsage, backend_buffer_is_host, backend_buffer_name,
-                               backend_graph_optimize, backend_name, backend_offload_op,
-                               backend_supports_buft, backend_supports_op)
+from ggml_lite.backend import (
+    BackendBufferUsage, backend_buffer_is_host, backend_buffer_name,
+    backend_graph_optimize, backend_name, backend_offload_op, backend_supports_buft,
+    backend_supports_op)
 from ggml_lite.core import GGMLError
 from ggml_lite.graph import CGraph, graph_next_uid, graph_view
 from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_desc, op_name
-from ggml_lite.tensor import (TensorFlag, dup_tensor, format_name, free, init, nbytes, set_input, set_output,
-                              view_tensor)
+from ggml_lite.tensor import (
+    TensorFlag, dup_tensor, format_name, free, init, nbytes, set_input, set_output,
+    view_tensor)
 from ggml_lite.types import type_name
-from ggml_lite.sched_state import (BackendSchedSplit, SCHED_MAX_SPLIT_INPUTS,
-                                   backend_sched_get_tensor_backend, sched_backend_names,
-                                   sched_set_tensor_backend_id, sched_set_tensor_copy,
-                                   sched_tensor_backend_id, sched_tensor_copy)
+from ggml_lite.sched_state import (
+    BackendSchedSplit, SCHED_MAX_SPLIT_INPUTS, backend_sched_get_tensor_backend,
+    sched_backend_names, sched_set_tensor_backend_id, sched_set_tensor_copy,
+    sched_tensor_backend_id, sched_tensor_copy)
 
 _log = logging.getLogger("ggml_lite.sched")
 
 # %% book/09_sched.ipynb #sched-pass1-rule
 def _backend_from_buffer(sched, tensor, op):
-    """The highest-priority backend that can use tensor's buffer and run op; -1 if none."""
+    """The highest-priority backend that can use tensor's buffer and run op; -1 if none.
+    """
     buffer = tensor.view_src.buffer if tensor.view_src is not None else tensor.buffer
     if buffer is None:
         return -1
     for i, backend in enumerate(sched.backends):
-        if backend_supports_buft(backend, buffer.buft) and backend_supports_op(backend, op):
+        if (backend_supports_buft(backend, buffer.buft)
+                and backend_supports_op(backend, op)):
             return i
     return -1
 
-
+# %% book/09_sched.ipynb #sched-pass1-rule-62341258
 def _backend_id_from_cur(sched, tensor):
-    """ggml_backend_sched_backend_id_from_cur: pass 1's rule; (backend id or -1, cause)."""
+    """ggml_backend_sched_backend_id_from_cur: pass 1's rule; (backend id or -1, cause).
+    """
     cur = _backend_from_buffer(sched, tensor, tensor)
     if cur != -1:
         return cur, "1.dst"
@@ -46,29 +51,34 @@ def _backend_id_from_cur(sched, tensor):
             return cur, "1.vsrc"
     buffer = tensor.view_src.buffer if tensor.view_src is not None else tensor.buffer
     if buffer is not None:           # it has its memory already: it cannot move
-        raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({backend_buffer_name(buffer)}) "
-                        f"that cannot run the operation ({op_name(tensor.op)}): none of the backends "
+        raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer "
+                        f"({backend_buffer_name(buffer)}) "
+                        f"that cannot run the operation ({op_name(tensor.op)}): none "
+                        "of the backends "
                         f"[{sched_backend_names(sched)}] supports both")
     if tensor.flags & TensorFlag.INPUT:
         return sched.n_backends - 1, "1.inp"     # the last backend, the CPU
     for i, src in enumerate(tensor.src):
-        # ROPE is skipped: its small frequency tensor should not decide (ggml 0.15.3 skips only ROPE)
+        # ROPE is skipped: its small frequency tensor should not decide (ggml 0.15.3
+        # skips only ROPE)
         if (src is None or tensor.op == Op.ROPE or src.buffer is None
                 or src.buffer.usage != BackendBufferUsage.WEIGHTS):
             continue
         src_backend_id = _backend_from_buffer(sched, src, tensor)
         if (sched.op_offload and src_backend_id == sched.n_backends - 1
                 and backend_buffer_is_host(src.buffer)):
-            for b in range(src_backend_id):      # a higher-priority backend that wants the op
+            # a higher-priority backend that wants the op
+            for b in range(src_backend_id):
                 if (backend_supports_op(sched.backends[b], tensor)
                         and backend_offload_op(sched.backends[b], tensor)):
                     return b, "1.off"
         return src_backend_id, f"1.wgt{i}"
     return -1, ""
 
-
+# %% book/09_sched.ipynb #sched-pass1-rule-0cc29ec2
 def _pass1_preassign(sched, graph):
-    """Pass 1: leafs and nodes that have memory, are inputs, or use weights; user choices stay."""
+    """Pass 1: leafs and nodes that have memory, are inputs, or use weights; user
+    choices stay."""
     for t in list(graph.leafs) + list(graph.nodes):
         if sched_tensor_backend_id(sched, t) == -1:
             backend_id, cause = _backend_id_from_cur(sched, t)
@@ -81,8 +91,8 @@ def _set_if_supported(sched, node, backend_id):
 
 
 def _expand(sched, graph, backward, skip_cpu):
-    """One walk of pass 2: carry the last assigned backend over unassigned nodes it supports.
-    skip_cpu: the CPU (last backend) is not carried, it clears the carry."""
+    """One walk of pass 2: carry the last assigned backend over unassigned nodes it
+    supports. skip_cpu: the CPU (last backend) is not carried, it clears the carry."""
     cpu = sched.n_backends - 1
     order = range(graph.n_nodes - 1, -1, -1) if backward else range(graph.n_nodes)
     cur = -1
@@ -106,7 +116,8 @@ def _pass2_expand(sched, graph):
 
 # %% book/09_sched.ipynb #sched-pass3
 def _buffer_supported(sched, t, backend_id):
-    """ggml_backend_sched_buffer_supported: can backend_id use t where t is (or will be)?"""
+    """ggml_backend_sched_buffer_supported: can backend_id use t where t is (or will
+    be)?"""
     buf = t.view_src.buffer if t.view_src is not None else t.buffer
     if buf is not None:
         buft = buf.buft
@@ -117,10 +128,11 @@ def _buffer_supported(sched, t, backend_id):
         buft = sched.bufts[tid] if tid != -1 else None
     return buft is not None and backend_supports_buft(sched.backends[backend_id], buft)
 
-
+# %% book/09_sched.ipynb #sched-pass3-ebe5f474
 def _pass3_upgrade(sched, graph):
-    """Pass 3: an unassigned node goes to the backend supporting it and most of its srcs; an
-    assigned one moves up to a higher-priority backend with the *same* buffer type if it can."""
+    """Pass 3: an unassigned node goes to the backend supporting it and most of its
+    srcs; an assigned one moves up to a higher-priority backend with the *same* buffer
+    type if it can."""
     for node in graph.nodes:
         if is_view_op(node.op):
             continue
@@ -132,7 +144,8 @@ def _pass3_upgrade(sched, graph):
                 if not backend_supports_op(backend, node):
                     continue
                 n = sum(1 for s in srcs
-                        if (sched_tensor_backend_id(sched, s) != -1 or sched_tensor_backend_id(sched, s.view_src) != -1)
+                        if (sched_tensor_backend_id(sched, s) != -1
+                            or sched_tensor_backend_id(sched, s.view_src) != -1)
                         and _buffer_supported(sched, s, b))
                 if n > best:
                     best = n
@@ -147,16 +160,21 @@ def _pass3_upgrade(sched, graph):
 
 # %% book/09_sched.ipynb #sched-pass4
 def _pass4_srcs(sched, graph):
-    """Pass 4: views follow their source, unassigned srcs their consumer; every node ends assigned."""
+    """Pass 4: views follow their source, unassigned srcs their consumer; every node
+    ends assigned."""
     for node in graph.nodes:
         if node.view_src is not None and sched_tensor_backend_id(sched, node) == -1:
-            sched_set_tensor_backend_id(sched, node, sched_tensor_backend_id(sched, node.view_src), "4.vsrc")
+            sched_set_tensor_backend_id(sched, node,
+                                        sched_tensor_backend_id(sched, node.view_src),
+                                        "4.vsrc")
         cur = sched_tensor_backend_id(sched, node)
         for src in node.src:
             if src is None or sched_tensor_backend_id(sched, src) != -1:
                 continue
             if src.view_src is not None:
-                sched_set_tensor_backend_id(sched, src, sched_tensor_backend_id(sched, src.view_src), "4.vsrc")
+                sched_set_tensor_backend_id(
+                    sched, src, sched_tensor_backend_id(sched, src.view_src), "4.vsrc"
+                )
             else:
                 sched_set_tensor_backend_id(sched, src, cur, "4.cur")
         for b in range(sched.n_backends):
@@ -164,10 +182,15 @@ def _pass4_srcs(sched, graph):
                 break
             _set_if_supported(sched, node, b)
         if sched_tensor_backend_id(sched, node) == -1:
-            srcs = ", ".join(f"{s.name} ({op_desc(s)})" for s in node.src if s is not None)
-            raise GGMLError(f"backend_sched: no backend supports node '{node.name}' (op {op_desc(node)}, "
-                            f"type {type_name(node.type)}, ne={node.ne}, srcs: {srcs}); backends: "
-                            f"[{sched_backend_names(sched)}] (the last one, the CPU, is the fallback)")
+            srcs = ", ".join(
+                f"{s.name} ({op_desc(s)})" for s in node.src if s is not None
+            )
+            raise GGMLError(f"backend_sched: no backend supports node '{node.name}' "
+                            f"(op {op_desc(node)}, "
+                            f"type {type_name(node.type)}, ne={node.ne}, srcs: "
+                            f"{srcs}); backends: "
+                            f"[{sched_backend_names(sched)}] (the last one, the CPU, "
+                            "is the fallback)")
 
 # %% book/09_sched.ipynb #sched-pass5
 def _dup_tensor_layout(ctx, t):
@@ -178,44 +201,56 @@ def _dup_tensor_layout(ctx, t):
 
 
 def _make_copies(sched, src, backend_id, original_as_current):
-    """n_copies copies of src for backend_id, named "<backend>#<src>#<copy>" as ggml names them."""
+    """n_copies copies of src for backend_id, named "<backend>#<src>#<copy>" as ggml
+    names them."""
     backend = sched.backends[backend_id]
     for c in range(sched.n_copies):
         if original_as_current and c == sched.cur_copy:
-            tensor_copy = src                    # a user input: the original is the current copy
+            # a user input: the original is the current copy
+            tensor_copy = src
         else:
             tensor_copy = _dup_tensor_layout(sched.ctx, src)
             format_name(tensor_copy, "%s#%s#%d", backend_name(backend), src.name, c)
             sched.last_copies[id(tensor_copy)] = tensor_copy
         if sched.n_copies > 1:
             set_input(tensor_copy)
-            set_output(tensor_copy)              # gallocr must never hand its memory to another
+            # gallocr must never hand its memory to another
+            set_output(tensor_copy)
         sched_set_tensor_copy(sched, src, backend_id, c, tensor_copy)
-        sched.causes[id(tensor_copy)] = "4.cpy"   # not a key of the hash set, as in ggml
+        # not a key of the hash set, as in ggml
+        sched.causes[id(tensor_copy)] = "4.cpy"
 
-
+# %% book/09_sched.ipynb #sched-pass5-ab651c3a
 def _needs_new_split(sched, node, split, cur):
-    """Same backend, but a weight of an incompatible backend, or the input list is full."""
+    """Same backend, but a weight of an incompatible backend, or the input list is full.
+    """
     if split.n_inputs == 0:
         return False
     for src in node.src:
         if src is None:
             continue
         if src.buffer is not None and src.buffer.usage == BackendBufferUsage.WEIGHTS:
-            if sched_tensor_backend_id(sched, src) != cur and not _buffer_supported(sched, src, cur):
+            if sched_tensor_backend_id(sched, src) != cur and not _buffer_supported(
+                sched, src, cur
+            ):
                 return True
         if split.n_inputs == SCHED_MAX_SPLIT_INPUTS:
-            if (sched_tensor_backend_id(sched, src) != cur and sched_tensor_copy(sched, src, cur, 0) is None
-                    and not _buffer_supported(sched, src, cur)):
+            if (
+                sched_tensor_backend_id(sched, src) != cur
+                and sched_tensor_copy(sched, src, cur, 0) is None
+                and not _buffer_supported(sched, src, cur)
+            ):
                 return True
     return False
 
 # %% book/09_sched.ipynb #sched-pass5-splits
 def _pass5_splits(sched, graph):
-    """Pass 5: cut the node array where the backend changes; copy the srcs a split cannot use
-    into its backend, rewriting node.src[j] to the copy (cur_copy)."""
+    """Pass 5: cut the node array where the backend changes; copy the srcs a split
+    cannot use into its backend, rewriting node.src[j] to the copy (cur_copy)."""
     first = next((n for n in graph.nodes if not is_view_op(n.op)), None)
-    split = BackendSchedSplit(sched_tensor_backend_id(sched, first) if first is not None else 0, 0)
+    split = BackendSchedSplit(
+        sched_tensor_backend_id(sched, first) if first is not None else 0, 0
+    )
     sched.splits = [split]
     cur = split.backend_id
     for i, node in enumerate(graph.nodes):
@@ -235,18 +270,25 @@ def _pass5_splits(sched, graph):
                 if sched_tensor_copy(sched, src, src_id, 0) is None:
                     _make_copies(sched, src, src_id, original_as_current=True)
                     if len(sched.graph_inputs) >= SCHED_MAX_SPLIT_INPUTS:
-                        raise GGMLError(f"backend_sched: too many graph inputs for pipeline parallelism: "
-                                        f"input '{src.name}' would be number {len(sched.graph_inputs) + 1}, "
-                                        f"GGML_SCHED_MAX_SPLIT_INPUTS = {SCHED_MAX_SPLIT_INPUTS}")
+                        raise GGMLError("backend_sched: too many graph inputs for "
+                                        "pipeline parallelism: "
+                                        f"input '{src.name}' would be number "
+                                        f"{len(sched.graph_inputs) + 1}, "
+                                        "GGML_SCHED_MAX_SPLIT_INPUTS = "
+                                        f"{SCHED_MAX_SPLIT_INPUTS}")
                     sched.graph_inputs.append(src)
             if src_id != cur and not _buffer_supported(sched, src, cur):
                 if sched_tensor_copy(sched, src, cur, 0) is None:
                     _make_copies(sched, src, cur, original_as_current=False)
                     if split.n_inputs >= SCHED_MAX_SPLIT_INPUTS:
-                        raise GGMLError(f"backend_sched: split #{len(sched.splits) - 1} on "
-                                        f"{backend_name(sched.backends[cur])} would get input "
-                                        f"'{src.name}' of node '{node.name}' ({op_desc(node)}) as number "
-                                        f"{split.n_inputs + 1}, GGML_SCHED_MAX_SPLIT_INPUTS = "
+                        raise GGMLError("backend_sched: split "
+                                        f"#{len(sched.splits) - 1} on "
+                                        f"{backend_name(sched.backends[cur])} would "
+                                        "get input "
+                                        f"'{src.name}' of node '{node.name}' "
+                                        f"({op_desc(node)}) as number "
+                                        f"{split.n_inputs + 1}, "
+                                        "GGML_SCHED_MAX_SPLIT_INPUTS = "
                                         f"{SCHED_MAX_SPLIT_INPUTS}")
                     split.inputs.append(src)
                 node.src[j] = sched_tensor_copy(sched, src, cur, sched.cur_copy)
@@ -254,9 +296,10 @@ def _pass5_splits(sched, graph):
 
 # %% book/09_sched.ipynb #sched-graph-copy
 def _build_graph_copy(sched, graph):
-    """The graph gallocr plans: per split, each input's dependency view (on the input's backend:
-    it keeps the source alive until the copy) and its copy (on the split's backend: allocated at
-    the split's start), then the split's nodes; leafs: the copies when parallel, then graph's leafs."""
+    """The graph gallocr plans: per split, each input's dependency view (on the input's
+    backend: it keeps the source alive until the copy) and its copy (on the split's
+    backend: allocated at the split's start), then the split's nodes; leafs: the copies
+    when parallel, then graph's leafs."""
     graph_size = (max(graph.n_nodes, graph.n_leafs)
                   + sched.n_splits * SCHED_MAX_SPLIT_INPUTS * 2 * sched.n_copies)
     copy = CGraph(max(graph_size, sched.graph.size))
@@ -282,24 +325,32 @@ def _build_graph_copy(sched, graph):
         for split in sched.splits:
             for inp in split.inputs:
                 for c in range(sched.n_copies):
-                    copy.leafs.append(sched_tensor_copy(sched, inp, split.backend_id, c))
+                    copy.leafs.append(sched_tensor_copy(sched, inp, split.backend_id,
+                                                        c))
                     leaf_ids.append(split.backend_id)
     for leaf in graph.leafs:
         copy.leafs.append(leaf)
         leaf_ids.append(sched_tensor_backend_id(sched, leaf))
-    sched.prev_node_backend_ids, sched.node_backend_ids = sched.node_backend_ids, node_ids
-    sched.prev_leaf_backend_ids, sched.leaf_backend_ids = sched.leaf_backend_ids, leaf_ids
+    sched.prev_node_backend_ids, sched.node_backend_ids = (
+        sched.node_backend_ids,
+        node_ids,
+    )
+    sched.prev_leaf_backend_ids, sched.leaf_backend_ids = (
+        sched.leaf_backend_ids,
+        leaf_ids,
+    )
     sched.graph = copy
 
 # %% book/09_sched.ipynb #sched-split-graph
 def backend_sched_split_graph(sched, graph):
-    """ggml_backend_sched_split_graph: assign every node a backend (passes 1-4), cut the graph
-    into splits and make the input copies (pass 5), build the graph copy for gallocr.
-
-    Like ggml, it rewrites graph's node.src to the copies: a graph is split once. Splitting it
-    again (reserve, then alloc or compute of the same graph) raises GGMLError here; ggml
-    computes from stale copies instead. Build a new graph for a new split, as llama.cpp does
-    when a batch changes the graph's shapes (a split graph is computed again without a new split)."""
+    """ggml_backend_sched_split_graph: assign every node a backend (passes 1-4), cut the
+    graph into splits and make the input copies (pass 5), build the graph copy for
+    gallocr.
+    Like ggml, it rewrites graph's node.src to the copies: a graph is split once.
+    Splitting it again (reserve, then alloc or compute of the same graph) raises
+    GGMLError here; ggml computes from stale copies instead. Build a new graph for a new
+    split, as llama.cpp does when a batch changes the graph's shapes (a split graph is
+    computed again without a new split)."""
     _check_not_split_before(sched, graph)
     sched.splits, sched.graph_inputs = [], []
     sched.is_reset = False
@@ -316,20 +367,28 @@ def backend_sched_split_graph(sched, graph):
         if sched.debug:
             _log.debug("%s", _assignments_text(sched, graph, sched.debug, False))
         _build_graph_copy(sched, graph)
-        for split in sched.splits:          # a fresh id per split graph, as ggml 0.15.3 sets them
+        # a fresh id per split graph, as ggml 0.15.3 sets them
+        for split in sched.splits:
             split.graph.uid = graph_next_uid()
     except GGMLError:
         sched.splits, sched.is_alloc = [], False
         raise
 
-
+# %% book/09_sched.ipynb #sched-split-graph-667504c7
 def _check_not_split_before(sched, graph):
     for node in graph.nodes:
         for j, src in enumerate(node.src):
-            if src is not None and id(src) in sched.last_copies and sched.last_copies[id(src)] is src:
-                raise GGMLError(f"backend_sched: graph was split before: src[{j}] of node '{node.name}' "
-                                f"is '{src.name}', a copy the last split made (splitting rewrites "
-                                f"node.src); build the graph again for every alloc or compute")
+            if (
+                src is not None
+                and id(src) in sched.last_copies
+                and sched.last_copies[id(src)] is src
+            ):
+                raise GGMLError(f"backend_sched: graph was split before: src[{j}] of "
+                                f"node '{node.name}' "
+                                f"is '{src.name}', a copy the last split made "
+                                "(splitting rewrites "
+                                "node.src); build the graph again for every alloc or "
+                                "compute")
 
 # %% book/09_sched.ipynb #sched-print
 def fmt_size(size):
@@ -337,13 +396,13 @@ def fmt_size(size):
 
 
 def backend_sched_print_assignments(sched, graph, level=2, causes=False, file=None):
-    """ggml_backend_sched_print_assignments, the GGML_SCHED_DEBUG text: each split with its
-    backend and inputs; with level >= 2 every non-view node, its backend and its srcs'. ggml's
-    cause column is empty (compiled out); causes=True fills it with the pass that decided.
-    Printed to file (default sys.stdout)."""
+    """ggml_backend_sched_print_assignments, the GGML_SCHED_DEBUG text: each split with
+    its backend and inputs; with level >= 2 every non-view node, its backend and its
+    srcs'. ggml's cause column is empty (compiled out); causes=True fills it with the
+    pass that decided. Printed to file (default sys.stdout)."""
     print(_assignments_text(sched, graph, level, causes), end="", file=file)
 
-
+# %% book/09_sched.ipynb #sched-print-ccbdc147
 def _assignments_text(sched, graph, level, causes):
     def backend_of(t):
         b = backend_sched_get_tensor_backend(sched, t)
@@ -358,14 +417,17 @@ def _assignments_text(sched, graph, level, causes):
             split = sched.splits[cur_split]
             line = f"\n## SPLIT #{cur_split}: {backend_name(sched.backends[split.backend_id])} # {split.n_inputs} inputs"
             if split.inputs:
-                line += ": " + "".join(f"[{t.name} ({fmt_size(nbytes(t)):>5.5})] " for t in split.inputs)
+                line += ": " + "".join(
+                    f"[{t.name} ({fmt_size(nbytes(t)):>5.5})] " for t in split.inputs
+                )
             out.append(line + "\n")
             cur_split += 1
         if is_view_op(node.op) or level < 2:
             continue
         use = graph.use_counts.get(id(node), 0)
         compute = 1 if node.flags & TensorFlag.COMPUTE else 0
-        line = (f"node #{i:3d} ({op_desc(node):>10.10}): {node.name:>20.20} ({fmt_size(nbytes(node)):>5.5}) "
+        line = (f"node #{i:3d} ({op_desc(node):>10.10}): {node.name:>20.20} "
+                f"({fmt_size(nbytes(node)):>5.5}) "
                 f"[{backend_of(node):>5.5} {cause(node):>8.8}] use={use},c={compute}:")
         for src in node.src:
             if src is not None:

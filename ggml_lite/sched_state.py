@@ -9,29 +9,33 @@ import os
 import numpy as np
 
 from ggml_lite.alloc import gallocr_free, gallocr_get_buffer_size, gallocr_new_n
-from ggml_lite.backend import (BackendDevType, backend_buft_name, backend_dev_type, backend_event_free,
-                               backend_event_new, backend_get_default_buffer_type, backend_get_device,
-                               backend_name, backend_supports_buft)
+from ggml_lite.backend import (
+    BackendDevType, backend_buft_name, backend_dev_type, backend_event_free,
+    backend_event_new, backend_get_default_buffer_type, backend_get_device,
+    backend_name, backend_supports_buft)
 from ggml_lite.core import GGMLError
 from ggml_lite.graph import CGraph, graph_overhead_custom, hash_size
 from ggml_lite.tensor import TENSOR_SIZE, free
 
 
 SCHED_MAX_BACKENDS = 16        # GGML_SCHED_MAX_BACKENDS
-SCHED_MAX_SPLIT_INPUTS = 30    # GGML_SCHED_MAX_SPLIT_INPUTS: inputs of one split, and graph inputs
-SCHED_MAX_COPIES = 4           # GGML_SCHED_MAX_COPIES: copies of every input when parallel
+# GGML_SCHED_MAX_SPLIT_INPUTS: inputs of one split, and graph inputs
+SCHED_MAX_SPLIT_INPUTS = 30
+# GGML_SCHED_MAX_COPIES: copies of every input when parallel
+SCHED_MAX_COPIES = 4
 
 
 
 class BackendSchedSplit:
-    """struct ggml_backend_sched_split: nodes i_start..i_end-1 of the graph, run on one backend
-    after its inputs (tensors of other backends) have been copied to it."""
+    """struct ggml_backend_sched_split: nodes i_start..i_end-1 of the graph, run on one
+    backend after its inputs (tensors of other backends) have been copied to it."""
 
     def __init__(self, backend_id, i_start):
         self.backend_id = backend_id
         self.i_start = i_start
         self.i_end = i_start
-        self.inputs = []           # the original tensors; their copies are in the sched's table
+        # the original tensors; their copies are in the sched's table
+        self.inputs = []
         self.graph = None          # graph_view of the split's nodes
 
     @property
@@ -39,20 +43,22 @@ class BackendSchedSplit:
         return len(self.inputs)
 
     def __repr__(self):
-        return (f"BackendSchedSplit(backend_id={self.backend_id}, nodes {self.i_start}..{self.i_end - 1}, "
+        return (f"BackendSchedSplit(backend_id={self.backend_id}, nodes "
+                f"{self.i_start}..{self.i_end - 1}, "
                 f"inputs={[t.name for t in self.inputs]})")
 
 # %% book/09_sched.ipynb #sched-state
 class BackendSched:
-    """struct ggml_backend_sched: backends in priority order, one graph allocator over their
-    buffer types, and what the last split decided. Made by backend_sched_new."""
+    """struct ggml_backend_sched: backends in priority order, one graph allocator over
+    their buffer types, and what the last split decided. Made by backend_sched_new."""
 
     def __init__(self, backends, bufts, graph_size, n_copies, op_offload):
         self.backends = list(backends)
         self.bufts = list(bufts)
         self.n_backends = len(self.backends)
         self.graph_size = graph_size
-        self.hash_size = hash_size(graph_size)     # ggml_hash_set_new(graph_size): its slots
+        # ggml_hash_set_new(graph_size): its slots
+        self.hash_size = hash_size(graph_size)
         self.n_copies = n_copies
         self.cur_copy = 0
         self.next_copy = 0
@@ -60,21 +66,31 @@ class BackendSched:
         self.is_reset = False
         self.is_alloc = False
         self.galloc = gallocr_new_n(self.bufts, self.n_backends)
-        self.events = [[backend_event_new(backend_get_device(b)) if n_copies > 1 else None
-                        for _ in range(n_copies)] for b in self.backends]
-        # the hash set: tensor -> backend id (-1: none yet) and its copies [backend][copy]
-        self.hash_keys = {}                       # id(tensor) -> tensor (keeps them alive)
+        self.events = [
+            [
+                backend_event_new(backend_get_device(b)) if n_copies > 1 else None
+                for _ in range(n_copies)
+            ]
+            for b in self.backends
+        ]
+        # the hash set: tensor -> backend id (-1: none yet) and its copies
+        # [backend][copy] id(tensor) -> tensor (keeps them alive)
+        self.hash_keys = {}
         self.hv_tensor_backend_ids = {}
         self.hv_tensor_copies = {}
         self.causes = {}                          # id(tensor) -> why it got its backend
         self.node_backend_ids, self.leaf_backend_ids = [], []
         self.prev_node_backend_ids, self.prev_leaf_backend_ids = [], []
-        self.graph = CGraph(0)                    # the graph copy: inputs, copies, then nodes
+        # the graph copy: inputs, copies, then nodes
+        self.graph = CGraph(0)
         self.splits = []
-        self.graph_inputs = []                    # user INPUT tensors given copies (parallel)
-        self.ctx = None                           # no_alloc context of the copies
-        self.context_buffer_size = (graph_size * SCHED_MAX_SPLIT_INPUTS * 2 * TENSOR_SIZE
-                                    + graph_overhead_custom(graph_size, False))
+        # user INPUT tensors given copies (parallel)
+        self.graph_inputs = []
+        self.ctx = None  # no_alloc context of the copies
+        self.context_buffer_size = (
+            graph_size * SCHED_MAX_SPLIT_INPUTS * 2 * TENSOR_SIZE
+            + graph_overhead_custom(graph_size, False)
+        )
         self.context_buffer = np.zeros(self.context_buffer_size, np.uint8)
         self.last_copies = {}                     # id -> copy made by the last split
         self.callback_eval = None
@@ -91,30 +107,42 @@ class BackendSched:
 
 # %% book/09_sched.ipynb #sched-new
 def backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload):
-    """ggml_backend_sched_new: a scheduler over backends[0..n_backends-1], lower index = higher
-    priority; the last must be a CPU device. bufts: a buffer type per backend, or None for each
-    backend's default. parallel: 4 copies of every split input (pipeline parallelism)."""
+    """ggml_backend_sched_new: a scheduler over backends[0..n_backends-1], lower index =
+    higher priority; the last must be a CPU device. bufts: a buffer type per backend, or
+    None for each backend's default. parallel: 4 copies of every split input (pipeline
+    parallelism)."""
     backends = list(backends)[:n_backends]
     if not 0 < n_backends <= SCHED_MAX_BACKENDS or len(backends) != n_backends:
-        raise GGMLError(f"backend_sched_new: n_backends = {n_backends} ({len(backends)} backends given), "
+        raise GGMLError(f"backend_sched_new: n_backends = {n_backends} "
+                        f"({len(backends)} backends given), "
                         f"must be in 1..GGML_SCHED_MAX_BACKENDS = {SCHED_MAX_BACKENDS}")
     last = backends[-1]
     if backend_dev_type(backend_get_device(last)) != BackendDevType.CPU:
-        raise GGMLError(f"backend_sched_new: the last backend must be a CPU device, "
-                        f"{backend_name(last)} is {BackendDevType(backend_dev_type(backend_get_device(last))).name}")
-    bufts = [backend_get_default_buffer_type(b) for b in backends] if bufts is None else list(bufts)
+        raise GGMLError(
+            f"backend_sched_new: the last backend must be a CPU device, "
+            f"{backend_name(last)} is "
+            f"{BackendDevType(backend_dev_type(backend_get_device(last))).name}"
+        )
+    bufts = (
+        [backend_get_default_buffer_type(b) for b in backends]
+        if bufts is None
+        else list(bufts)
+    )
     for b, buft in zip(backends, bufts):
         if not backend_supports_buft(b, buft):
-            raise GGMLError(f"backend_sched_new: backend {backend_name(b)} does not support buffer "
+            raise GGMLError(f"backend_sched_new: backend {backend_name(b)} does not "
+                            "support buffer "
                             f"type {backend_buft_name(buft)}")
-    sched = BackendSched(backends, bufts, int(graph_size), SCHED_MAX_COPIES if parallel else 1,
+    sched = BackendSched(backends, bufts, int(graph_size),
+                         SCHED_MAX_COPIES if parallel else 1,
                          bool(op_offload))
     backend_sched_reset(sched)
     return sched
 
-
+# %% book/09_sched.ipynb #sched-new-e725efec
 def backend_sched_free(sched):
-    """ggml_backend_sched_free: the events, the allocator's buffers and the copies' context."""
+    """ggml_backend_sched_free: the events, the allocator's buffers and the copies'
+    context."""
     if sched is None:
         return
     for row in sched.events:
@@ -127,8 +155,9 @@ def backend_sched_free(sched):
 
 
 def backend_sched_reset(sched):
-    """ggml_backend_sched_reset: forget every assignment and copy (and the allocation): the next
-    graph is split afresh. Call it before set_tensor_backend for a new graph."""
+    """ggml_backend_sched_reset: forget every assignment and copy (and the allocation):
+    the next graph is split afresh. Call it before set_tensor_backend for a new graph.
+    """
     if not sched.is_reset:
         sched.hash_keys, sched.hv_tensor_backend_ids = {}, {}
         sched.hv_tensor_copies, sched.causes = {}, {}
@@ -137,12 +166,15 @@ def backend_sched_reset(sched):
 
 # %% book/09_sched.ipynb #sched-hash
 def _hash_id(sched, t):
-    """ggml_hash_find_or_insert: t's key in the sched's hash set (None is a key too, as NULL is)."""
+    """ggml_hash_find_or_insert: t's key in the sched's hash set (None is a key too, as
+    NULL is)."""
     key = id(t) if t is not None else 0
     if key not in sched.hash_keys:
         if len(sched.hash_keys) >= sched.hash_size:
-            raise GGMLError(f"backend_sched: the hash set is full ({sched.hash_size} slots for "
-                            f"graph_size {sched.graph_size}) at tensor '{getattr(t, 'name', None)}': "
+            raise GGMLError(f"backend_sched: the hash set is full ({sched.hash_size} "
+                            "slots for "
+                            f"graph_size {sched.graph_size}) at tensor "
+                            f"'{getattr(t, 'name', None)}': "
                             f"make the scheduler with a larger graph_size")
         sched.hash_keys[key] = t
     return key
@@ -162,11 +194,13 @@ def sched_tensor_copy(sched, t, backend_id, copy_id):
     copies = sched.hv_tensor_copies.get(_hash_id(sched, t))
     return None if copies is None else copies[backend_id][copy_id]
 
-
+# %% book/09_sched.ipynb #sched-hash-da2fcd69
 def sched_set_tensor_copy(sched, t, backend_id, copy_id, tensor_copy):
     key = _hash_id(sched, t)
     if key not in sched.hv_tensor_copies:
-        sched.hv_tensor_copies[key] = [[None] * sched.n_copies for _ in range(sched.n_backends)]
+        sched.hv_tensor_copies[key] = [
+            [None] * sched.n_copies for _ in range(sched.n_backends)
+        ]
     sched.hv_tensor_copies[key][backend_id][copy_id] = tensor_copy
 
 
@@ -178,14 +212,19 @@ def _backend_index(sched, backend, where):
     for i, b in enumerate(sched.backends):
         if b is backend:
             return i
-    raise GGMLError(f"{where}: backend {backend_name(backend)} is not one of the scheduler's "
+    raise GGMLError(f"{where}: backend {backend_name(backend)} is not one of the "
+                    "scheduler's "
                     f"[{sched_backend_names(sched)}]")
 
 
 def backend_sched_set_tensor_backend(sched, node, backend):
-    """ggml_backend_sched_set_tensor_backend: run node on backend (kept until the next reset;
-    pass 3 may still move it to a higher-priority backend with the same buffer type)."""
-    sched_set_tensor_backend_id(sched, node, _backend_index(sched, backend, "backend_sched_set_tensor_backend"), "usr")
+    """ggml_backend_sched_set_tensor_backend: run node on backend (kept until the next
+    reset; pass 3 may still move it to a higher-priority backend with the same buffer
+    type)."""
+    sched_set_tensor_backend_id(sched, node,
+                                _backend_index(sched, backend,
+                                               "backend_sched_set_tensor_backend"),
+                                               "usr")
     sched.is_reset = False
 
 
@@ -194,7 +233,7 @@ def backend_sched_get_tensor_backend(sched, node):
     backend_id = sched_tensor_backend_id(sched, node)
     return None if backend_id == -1 else sched.backends[backend_id]
 
-
+# %% book/09_sched.ipynb #sched-getters-4e9a123a
 def backend_sched_get_n_splits(sched):
     """ggml_backend_sched_get_n_splits ("graph splits = N" in llama.cpp's log)."""
     return sched.n_splits
@@ -213,7 +252,8 @@ def backend_sched_get_n_backends(sched):
 def backend_sched_get_backend(sched, i):
     """ggml_backend_sched_get_backend"""
     if not 0 <= i < sched.n_backends:
-        raise GGMLError(f"backend_sched_get_backend: index {i} is not in 0..{sched.n_backends - 1}")
+        raise GGMLError(f"backend_sched_get_backend: index {i} is not in "
+                        f"0..{sched.n_backends - 1}")
     return sched.backends[i]
 
 
@@ -221,8 +261,10 @@ def backend_sched_get_buffer_type(sched, backend):
     """ggml_backend_sched_get_buffer_type"""
     return sched.bufts[_backend_index(sched, backend, "backend_sched_get_buffer_type")]
 
-
+# %% book/09_sched.ipynb #sched-getters-862a1a2a
 def backend_sched_get_buffer_size(sched, backend):
-    """ggml_backend_sched_get_buffer_size: bytes of backend's compute buffer (0 if it shares an
-    earlier backend's buffer type, as gallocr counts a shared buffer once)."""
-    return gallocr_get_buffer_size(sched.galloc, _backend_index(sched, backend, "backend_sched_get_buffer_size"))
+    """ggml_backend_sched_get_buffer_size: bytes of backend's compute buffer (0 if it
+    shares an earlier backend's buffer type, as gallocr counts a shared buffer once)."""
+    return gallocr_get_buffer_size(sched.galloc,
+                                   _backend_index(sched, backend,
+                                                  "backend_sched_get_buffer_size"))

@@ -6,11 +6,12 @@ __all__ = ['Tallocr', 'tallocr_new', 'tallocr_alloc', 'backend_alloc_ctx_tensors
 # %% book/08_alloc.ipynb #tallocr-imports
 import logging
 
-from ggml_lite.backend_buffer import (backend_buffer_free, backend_buffer_get_alignment, backend_buffer_get_alloc_size,
-                                      backend_buffer_get_base, backend_buffer_get_size, backend_buffer_name,
-                                      backend_buft_alloc_buffer, backend_buft_get_alignment,
-                                      backend_buft_get_alloc_size, backend_buft_get_max_size, backend_buft_name,
-                                      backend_multi_buffer_alloc_buffer, backend_tensor_alloc, backend_view_init)
+from ggml_lite.backend_buffer import (
+    backend_buffer_free, backend_buffer_get_alignment, backend_buffer_get_alloc_size,
+    backend_buffer_get_base, backend_buffer_get_size, backend_buffer_name,
+    backend_buft_alloc_buffer, backend_buft_get_alignment, backend_buft_get_alloc_size,
+    backend_buft_get_max_size, backend_buft_name, backend_multi_buffer_alloc_buffer,
+    backend_tensor_alloc, backend_view_init)
 from ggml_lite.context import PAD, get_no_alloc, tensor_check_alive
 from ggml_lite.core import require
 
@@ -27,47 +28,57 @@ class Tallocr:
         self.offset = offset
 
     def __repr__(self):
-        return (f"Tallocr({backend_buffer_name(self.buffer)} buffer of {self.buffer.size} bytes, "
+        return (f"Tallocr({backend_buffer_name(self.buffer)} buffer of "
+                f"{self.buffer.size} bytes, "
                 f"offset={self.offset}, alignment={self.alignment})")
 
 
 def tallocr_new(buffer):
-    """ggml_tallocr_new: a linear allocator starting at the buffer's first aligned byte."""
+    """ggml_tallocr_new: a linear allocator starting at the buffer's first aligned byte.
+    """
     base = backend_buffer_get_base(buffer)
     align = backend_buffer_get_alignment(buffer)
-    require(align > 0 and align & (align - 1) == 0, "tallocr_new", f"alignment {align} is not a power of 2")
+    require(align > 0 and align & (align - 1) == 0, "tallocr_new",
+            f"alignment {align} is not a power of 2")
     return Tallocr(buffer, base, align, (-base) % align)
 
-
+# %% book/08_alloc.ipynb #tallocr-code-ace7de0e
 def tallocr_alloc(talloc, tensor):
-    """ggml_tallocr_alloc: place tensor at the current offset and move past it (padded); a Status."""
+    """ggml_tallocr_alloc: place tensor at the current offset and move past it (padded);
+    a Status."""
     tensor_check_alive(tensor, "tallocr_alloc")
     size = PAD(backend_buffer_get_alloc_size(talloc.buffer, tensor), talloc.alignment)
     available = backend_buffer_get_size(talloc.buffer) - talloc.offset
-    require(size <= available, "tallocr_alloc", f"not enough space in the buffer to allocate {tensor.name} "
-                                                f"(needed {size}, available {available})")
+    require(size <= available, "tallocr_alloc",
+            f"not enough space in the buffer to allocate {tensor.name} "
+                                                f"(needed {size}, available "
+                                                f"{available})")
     status = backend_tensor_alloc(talloc.buffer, tensor, talloc.base + talloc.offset)
     talloc.offset += size
     return status
 
 # %% book/08_alloc.ipynb #tallocr-ctx
 def backend_alloc_ctx_tensors_from_buft_size(ctx, buft):
-    """ggml_backend_alloc_ctx_tensors_from_buft_size: the bytes the call below would allocate."""
+    """ggml_backend_alloc_ctx_tensors_from_buft_size: the bytes the call below would
+    allocate."""
     return sum(size for _, _, size in _plan_ctx_buffers(ctx, buft))
 
-
+# %% book/08_alloc.ipynb #tallocr-ctx-dda779ee
 def backend_alloc_ctx_tensors_from_buft(ctx, buft):
-    """ggml_backend_alloc_ctx_tensors_from_buft: every unplaced tensor of a no_alloc context in
-    new buffers of type buft; the buffer (a multi-buffer if max_size forced several), or None if
-    nothing needed memory. On failure nothing stays placed and None is returned."""
+    """ggml_backend_alloc_ctx_tensors_from_buft: every unplaced tensor of a no_alloc
+    context in new buffers of type buft; the buffer (a multi-buffer if max_size forced
+    several), or None if nothing needed memory. On failure nothing stays placed and None
+    is returned."""
     tensors = _ctx_tensors(ctx, "backend_alloc_ctx_tensors_from_buft")
-    placed = []                     # tensors given memory here, undone if anything fails
+    # tensors given memory here, undone if anything fails
+    placed = []
     buffers = []
     try:
         for first, last, size in _plan_ctx_buffers(ctx, buft):
             buffer = backend_buft_alloc_buffer(buft, size)
             if buffer is None:
-                _log.error("backend_alloc_ctx_tensors_from_buft: failed to allocate %s buffer of size %d",
+                _log.error("backend_alloc_ctx_tensors_from_buft: failed to allocate %s "
+                           "buffer of size %d",
                            backend_buft_name(buft), size)
                 _undo(placed, buffers)
                 return None
@@ -84,21 +95,28 @@ def backend_alloc_ctx_tensors_from_buft(ctx, buft):
         _undo(placed, buffers)
         raise
     if not buffers:
-        _log.debug("backend_alloc_ctx_tensors_from_buft: all tensors in the context are already allocated")
+        _log.debug("backend_alloc_ctx_tensors_from_buft: all tensors in the context "
+                   "are already allocated")
         return None
-    return buffers[0] if len(buffers) == 1 else backend_multi_buffer_alloc_buffer(buffers)
+    return (
+        buffers[0] if len(buffers) == 1 else backend_multi_buffer_alloc_buffer(buffers)
+    )
 
-
+# %% book/08_alloc.ipynb #tallocr-ctx-7b8d1f6a
 def backend_alloc_ctx_tensors(ctx, backend):
     """ggml_backend_alloc_ctx_tensors: the same in the backend's default buffer type."""
     return backend_alloc_ctx_tensors_from_buft(ctx, backend.device.get_buffer_type())
 
 # %% book/08_alloc.ipynb #tallocr-plan
 def _plan_ctx_buffers(ctx, buft):
-    """Pass 1 of alloc_ctx_tensors: [(first, last, size)] ranges of ctx's tensors per buffer."""
-    require(get_no_alloc(ctx), "backend_alloc_ctx_tensors_from_buft",
-            "the context allocates its tensors' data itself; make it with no_alloc=True",
-            assertion="ggml_get_no_alloc(ctx) == true")
+    """Pass 1 of alloc_ctx_tensors: [(first, last, size)] ranges of ctx's tensors per
+    buffer."""
+    require(
+        get_no_alloc(ctx),
+        "backend_alloc_ctx_tensors_from_buft",
+        "the context allocates its tensors' data itself; make it with no_alloc=True",
+        assertion="ggml_get_no_alloc(ctx) == true",
+    )
     alignment = backend_buft_get_alignment(buft)
     max_size = backend_buft_get_max_size(buft)
     ranges = []
@@ -117,9 +135,10 @@ def _plan_ctx_buffers(ctx, buft):
         ranges.append((first, len(tensors), cur))
     return ranges
 
-
+# %% book/08_alloc.ipynb #tallocr-plan-38cc45e3
 def _ctx_tensors(ctx, where):
-    """The context's tensors, each checked alive (a reset or freed context has none to place)."""
+    """The context's tensors, each checked alive (a reset or freed context has none to
+    place)."""
     tensors = list(ctx)
     for t in tensors:
         tensor_check_alive(t, where)
@@ -129,7 +148,8 @@ def _ctx_tensors(ctx, where):
 def _undo(placed, buffers):
     for t in placed:
         t.buffer, t.data = None, 0
-        if t.view_src is not None and t.view_src.data:    # a view keeps its source's address
+        # a view keeps its source's address
+        if t.view_src is not None and t.view_src.data:
             t.data = t.view_src.data + t.view_offs
     for b in buffers:
         backend_buffer_free(b)

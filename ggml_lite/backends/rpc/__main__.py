@@ -8,5 +8,7 @@ import sys
 
 from ggml_lite.backends.rpc.backend import rpc_server_main
 
-if __name__ == "__main__" and __spec__ is not None and __spec__.name == "ggml_lite.backends.rpc.__main__":
-    sys.exit(rpc_server_main())         # python -m ggml_lite.backends.rpc (not when a notebook runs this)
+if (__name__ == "__main__" and __spec__ is not None
+        and __spec__.name == "ggml_lite.backends.rpc.__main__"):
+    # python -m ggml_lite.backends.rpc (not when a notebook runs this)
+    sys.exit(rpc_server_main())

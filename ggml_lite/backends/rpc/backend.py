@@ -4,16 +4,18 @@
 __all__ = []
 
 # %% book/10_rpc.ipynb #rpc-imports
-# The loader imports this module (ggml_backend_init); it gathers the wire format, the server and the
-# client, each in its own module under backends/rpc/.
-from ggml_lite.backends.rpc.client import (backend_is_rpc, backend_rpc_add_server, backend_rpc_buffer_type,
-                                           backend_rpc_get_device_memory, backend_rpc_init, backend_rpc_reg,
-                                           ggml_backend_init, rpc_serialize_graph, rpc_serialize_tensor,
-                                           rpc_wire_stats)
-from ggml_lite.backends.rpc.server import backend_rpc_start_server, rpc_server_main
+# The loader imports this module (ggml_backend_init); it gathers the wire format, the
+# server and the client, each in its own module under backends/rpc/.
+from ggml_lite.backends.rpc.client import (
+    backend_is_rpc, backend_rpc_add_server, backend_rpc_buffer_type,
+    backend_rpc_get_device_memory, backend_rpc_init, backend_rpc_reg, ggml_backend_init,
+    rpc_serialize_graph, rpc_serialize_tensor, rpc_wire_stats)
+from ggml_lite.backends.rpc.cli import rpc_server_main
+from ggml_lite.backends.rpc.server import backend_rpc_start_server
 from ggml_lite.backends.rpc.server_checks import MAX_GRAPH_MESSAGE
-from ggml_lite.backends.rpc.wire import (GGML_RPC_MAX_SERVERS, RPC_CONN_CAPS_SIZE, RPC_HASH_THRESHOLD,
-                                         RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
-                                         RPC_PROTO_PATCH_VERSION, RPC_TENSOR, RPC_TENSOR_SIZE, RpcCmd,
-                                         RpcTensor, rpc_fnv_hash)
-from ggml_lite.backends.rpc.wire import NO_RESPONSE as _NO_RESPONSE, REQUEST_SIZE as _REQUEST_SIZE
+from ggml_lite.backends.rpc.wire import (
+    GGML_RPC_MAX_SERVERS, RPC_CONN_CAPS_SIZE, RPC_HASH_THRESHOLD,
+    RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION,
+    RPC_TENSOR, RPC_TENSOR_SIZE, RpcCmd, RpcTensor, rpc_fnv_hash)
+from ggml_lite.backends.rpc.wire import (
+    NO_RESPONSE as _NO_RESPONSE, REQUEST_SIZE as _REQUEST_SIZE)

@@ -10,13 +10,15 @@ import struct
 import threading
 import weakref
 
-from ggml_lite.backend import (Backend, BackendBuffer, BackendBufferType, BackendDevCaps, BackendDevProps,
-                               BackendDevType, BackendDevice, BackendReg, backend_register, guid_matches)
+from ggml_lite.backend import (
+    Backend, BackendBuffer, BackendBufferType, BackendDevCaps, BackendDevProps,
+    BackendDevType, BackendDevice, BackendReg, backend_register, guid_matches)
 from ggml_lite.backends.rpc.server import backend_rpc_start_server
-from ggml_lite.backends.rpc.wire import (ALLOC_REQ, CLEAR_REQ, HELLO_RSP, NO_RESPONSE, PAIR,
-                                         RPC_CONN_CAPS_SIZE, RPC_HASH_THRESHOLD, RPC_PROTO_MAJOR_VERSION,
-                                         RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION, RpcCmd, RpcTensor,
-                                         TENSOR_AND_2, U32, U64, U8, parse_endpoint, rpc_fnv_hash)
+from ggml_lite.backends.rpc.wire import (
+    ALLOC_REQ, CLEAR_REQ, HELLO_RSP, NO_RESPONSE, PAIR, RPC_CONN_CAPS_SIZE,
+    RPC_HASH_THRESHOLD, RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
+    RPC_PROTO_PATCH_VERSION, RpcCmd, RpcTensor, TENSOR_AND_2, U32, U64, U8,
+    parse_endpoint, rpc_fnv_hash)
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import Op
 from ggml_lite.tensor import MAX_NAME, nbytes
@@ -25,11 +27,9 @@ from ggml_lite.types import is_quantized
 _log = logging.getLogger("ggml_lite.rpc")
 
 # %% book/10_rpc.ipynb #rpc-connection-class
-class _Connection:
-    """One TCP socket to one server, shared by the buffers of that endpoint and by whoever is
-    sending a command; it closes when the last of them lets go (ggml's get_socket keeps weak
-    pointers: a process with no buffer on a server leaves the server free for another client).
-    Counts the bytes each way, per endpoint, for the chapter's measurements."""
+class _Link:
+    """The socket of a _Connection: opened with TCP_NODELAY (a command is small and
+    waits for its answer), read exactly, closed once."""
 
     def __init__(self, endpoint):
         self.endpoint = endpoint
@@ -40,21 +40,49 @@ class _Connection:
             raise GGMLError(f"RPC: failed to connect to {endpoint}: {e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
-        self.traffic = _TRAFFIC.setdefault(endpoint, {"sent": 0, "received": 0, "commands": {}})
+        self.traffic = _TRAFFIC.setdefault(endpoint, {"sent": 0, "received": 0,
+                                                      "commands": {}})
         self.alive = True
         weakref.finalize(self, self.sock.close)
 
+    def _recv(self, n, cmd, into=None):
+        buf = memoryview(into).cast("B")[:n] if into is not None else None
+        buf = memoryview(bytearray(n)) if buf is None else buf
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(buf[got:], n - got)
+            if k == 0:
+                raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the server closed "
+                                "the connection "
+                                f"({got} of {n} bytes of the response received)")
+            got += k
+        return buf if into is not None else bytes(buf)
+
+    def _close(self):
+        self.alive = False
+        self.sock.close()
+
+# %% book/10_rpc.ipynb #rpc-connection-call
+class _Connection(_Link):
+    """One TCP socket to one server, shared by the buffers of that endpoint and by
+    whoever is sending a command; it closes when the last of them lets go (ggml's
+    get_socket keeps weak pointers: a process with no buffer on a server leaves the
+    server free for another client). Counts the bytes each way, per endpoint, for the
+    chapter's measurements."""
+
     def call(self, cmd, payload=b"", response_size=0, into=None):
-        """Send one request (payload: bytes, or a tuple of byte-like parts sent one after the
-        other); read a response of exactly response_size bytes (into `into`, a writable
-        uint8 array, if given); None for the commands that have no response."""
+        """Send one request (payload: bytes, or a tuple of byte-like parts sent one
+        after the other); read a response of exactly response_size bytes (into `into`, a
+        writable uint8 array, if given); None for the commands that have no response."""
         with self.lock:
             if not self.alive:
-                raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the connection was closed earlier")
+                raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the connection "
+                                "was closed earlier")
             try:
                 parts = payload if isinstance(payload, tuple) else (payload,)
                 n = sum(len(memoryview(p).cast("B")) for p in parts)
-                head = bytes([int(cmd)]) + U64.pack(n)        # | cmd (1) | size (8) | payload |
+                # | cmd (1) | size (8) | payload |
+                head = bytes([int(cmd)]) + U64.pack(n)
                 if n < (1 << 16):
                     self.sock.sendall(head + b"".join(bytes(p) for p in parts))
                 else:                                             # large data: no copy
@@ -62,12 +90,14 @@ class _Connection:
                     for p in parts:
                         self.sock.sendall(memoryview(p).cast("B"))
                 self.traffic["sent"] += len(head) + n
-                self.traffic["commands"][cmd.name] = self.traffic["commands"].get(cmd.name, 0) + 1
+                counts = self.traffic["commands"]
+                counts[cmd.name] = counts.get(cmd.name, 0) + 1
                 if cmd in NO_RESPONSE:
                     return None
                 size = U64.unpack(self._recv(8, cmd))[0]
                 if size != response_size:
-                    raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the server answered "
+                    raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the server "
+                                    "answered "
                                     f"{size} bytes, expected {response_size}")
                 out = self._recv(size, cmd, into)
                 self.traffic["received"] += 8 + size
@@ -77,31 +107,19 @@ class _Connection:
                 raise
             except OSError as e:
                 self._close()
-                raise GGMLError(f"RPC {cmd.name} to {self.endpoint} failed: {e}") from None
-
-    def _recv(self, n, cmd, into=None):
-        buf = memoryview(into).cast("B")[:n] if into is not None else memoryview(bytearray(n))
-        got = 0
-        while got < n:
-            k = self.sock.recv_into(buf[got:], n - got)
-            if k == 0:
-                raise GGMLError(f"RPC {cmd.name} to {self.endpoint}: the server closed the connection "
-                                f"({got} of {n} bytes of the response received)")
-            got += k
-        return buf if into is not None else bytes(buf)
-
-    def _close(self):
-        self.alive = False
-        self.sock.close()
+                raise GGMLError(f"RPC {cmd.name} to {self.endpoint} failed: {e}") \
+                    from None
 
 # %% book/10_rpc.ipynb #rpc-get-socket
-_SOCKETS = weakref.WeakValueDictionary()    # endpoint -> _Connection, while anyone holds it
+# endpoint -> _Connection, while anyone holds it
+_SOCKETS = weakref.WeakValueDictionary()
 _SOCKETS_LOCK = threading.Lock()
 _TRAFFIC = {}                               # endpoint -> bytes and commands so far
 
 
 def _get_socket(endpoint):
-    """The connection to endpoint, opened and greeted (HELLO, version check) on first use."""
+    """The connection to endpoint, opened and greeted (HELLO, version check) on first
+    use."""
     endpoint = str(endpoint)
     with _SOCKETS_LOCK:
         conn = _SOCKETS.get(endpoint)
@@ -112,39 +130,49 @@ def _get_socket(endpoint):
         major, minor, patch, _, _caps = HELLO_RSP.unpack(rsp)
         if major != RPC_PROTO_MAJOR_VERSION or minor > RPC_PROTO_MINOR_VERSION:
             conn._close()
-            raise GGMLError(f"RPC server version mismatch: {major}.{minor}.{patch} at {endpoint} "
-                            f"(this client speaks {RPC_PROTO_MAJOR_VERSION}.{RPC_PROTO_MINOR_VERSION}."
+            raise GGMLError(f"RPC server version mismatch: {major}.{minor}.{patch} at "
+                            f"{endpoint} "
+                            "(this client speaks "
+                            f"{RPC_PROTO_MAJOR_VERSION}.{RPC_PROTO_MINOR_VERSION}."
                             f"{RPC_PROTO_PATCH_VERSION})")
         _SOCKETS[endpoint] = conn
         return conn
 
 # %% book/10_rpc.ipynb #rpc-serialize
 def rpc_serialize_tensor(tensor):
-    """serialize_tensor: the RpcTensor of a ggml_lite tensor (None -> all zeros). Pointers become
-    ids (Python's id(), as ggml sends the tensor's address); buffer and data are sent only for a
-    tensor in an RPC buffer. ne and nb are uint32 on the wire: a larger value raises GGMLError
-    (ggml would cut it silently)."""
+    """serialize_tensor: the RpcTensor of a ggml_lite tensor (None -> all zeros).
+    Pointers become ids (Python's id(), as ggml sends the tensor's address); buffer and
+    data are sent only for a tensor in an RPC buffer. ne and nb are uint32 on the wire:
+    a larger value raises GGMLError (ggml would cut it silently)."""
     if tensor is None:
         return RpcTensor()
     for what, vals in (("ne", tensor.ne), ("nb", tensor.nb)):
         if any(not 0 <= int(v) <= 0xFFFFFFFF for v in vals):
-            raise GGMLError(f"RPC: tensor '{tensor.name}' has {what}={list(vals)}: protocol "
-                            f"{RPC_PROTO_MAJOR_VERSION}.{RPC_PROTO_MINOR_VERSION} carries them as uint32")
+            raise GGMLError(f"RPC: tensor '{tensor.name}' has {what}={list(vals)}: "
+                            "protocol "
+                            f"{RPC_PROTO_MAJOR_VERSION}.{RPC_PROTO_MINOR_VERSION} "
+                            "carries them as uint32")
     buf = tensor.buffer
     remote = isinstance(buf, _RPCBuffer)
     name = tensor.name.encode("utf-8")[:MAX_NAME - 1]
-    return RpcTensor(id=id(tensor), type=int(tensor.type), buffer=buf.remote_ptr if remote else 0,
-                     ne=tuple(int(v) for v in tensor.ne), nb=tuple(int(v) for v in tensor.nb),
-                     op=int(tensor.op), op_params=tuple(int(v) for v in tensor.op_params),
-                     flags=int(tensor.flags), src=tuple(id(s) if s is not None else 0 for s in tensor.src),
+    return RpcTensor(id=id(tensor), type=int(tensor.type),
+                     buffer=buf.remote_ptr if remote else 0,
+                     ne=tuple(int(v) for v in tensor.ne),
+                     nb=tuple(int(v) for v in tensor.nb),
+                     op=int(tensor.op),
+                     op_params=tuple(int(v) for v in tensor.op_params),
+                     flags=int(tensor.flags),
+                     src=tuple(id(s) if s is not None else 0 for s in tensor.src),
                      view_src=id(tensor.view_src) if tensor.view_src is not None else 0,
-                     view_offs=int(tensor.view_offs), data=int(tensor.data) if remote else 0, name=name)
+                     view_offs=int(tensor.view_offs),
+                     data=int(tensor.data) if remote else 0, name=name)
 
-
+# %% book/10_rpc.ipynb #rpc-serialize-67eb29b3
 def rpc_serialize_graph(device, cgraph):
-    """serialize_graph: | device (4) | n_nodes (4) | node ids (8 each) | n_tensors (4) | tensors |.
-    The tensors are every node and everything it reads, each once, sources before their users
-    (ggml's add_tensor: src[0..9], then view_src, then the tensor; done without recursion)."""
+    """serialize_graph: | device (4) | n_nodes (4) | node ids (8 each) | n_tensors (4) |
+    tensors |. The tensors are every node and everything it reads, each once, sources
+    before their users (ggml's add_tensor: src[0..9], then view_src, then the tensor;
+    done without recursion)."""
     records, visited = [], set()
     for node in cgraph.nodes:
         stack = [(node, 0)]
@@ -155,7 +183,9 @@ def rpc_serialize_graph(device, cgraph):
                     continue
                 visited.add(id(t))
             children = list(t.src) + [t.view_src]
-            while i < len(children) and (children[i] is None or id(children[i]) in visited):
+            while i < len(children) and (
+                children[i] is None or id(children[i]) in visited
+            ):
                 i += 1
             if i < len(children):
                 stack.append((t, i + 1))
@@ -163,30 +193,42 @@ def rpc_serialize_graph(device, cgraph):
             else:
                 records.append(rpc_serialize_tensor(t).pack())
     nodes = struct.pack(f"<{len(cgraph.nodes)}Q", *(id(n) for n in cgraph.nodes))
-    return (U32.pack(device) + U32.pack(len(cgraph.nodes)) + nodes + U32.pack(len(records))
-            + b"".join(records))
+    return (
+        U32.pack(device)
+        + U32.pack(len(cgraph.nodes))
+        + nodes
+        + U32.pack(len(records))
+        + b"".join(records)
+    )
 
 # %% book/10_rpc.ipynb #rpc-client-buffer
 def _needs_server_init(tensor):
-    """ggml's rule for INIT_TENSOR and GET_ALLOC_SIZE: only quantized rows that are not a multiple
-    of 512 (a CUDA server pads them) are worth a round trip."""
-    return is_quantized(tensor.type) and tensor.ne[0] % 512 != 0 and tensor.view_src is None
+    """ggml's rule for INIT_TENSOR and GET_ALLOC_SIZE: only quantized rows that are not
+    a multiple of 512 (a CUDA server pads them) are worth a round trip."""
+    return (
+        is_quantized(tensor.type)
+        and tensor.ne[0] % 512 != 0
+        and tensor.view_src is None
+    )
 
-
+# %% book/10_rpc.ipynb #rpc-client-buffer-ac6d1859
 class _RPCBuffer(BackendBuffer):
-    """ggml_backend_rpc_buffer: memory on the server, known by its handle (remote_ptr)."""
+    """ggml_backend_rpc_buffer: memory on the server, known by its handle (remote_ptr).
+    """
 
     def __init__(self, buft, size, conn, remote_ptr):
         super().__init__(buft, size)
         self.conn, self.remote_ptr, self.base = conn, remote_ptr, 0
 
     def free_buffer(self):
-        conn, self.conn = self.conn, None          # the last buffer to go closes the connection
+        # the last buffer to go closes the connection
+        conn, self.conn = self.conn, None
         conn.call(RpcCmd.FREE_BUFFER, U64.pack(self.remote_ptr), 0)
 
     def get_base(self):
         if not self.base:
-            self.base = U64.unpack(self.conn.call(RpcCmd.BUFFER_GET_BASE, U64.pack(self.remote_ptr), 8))[0]
+            self.base = U64.unpack(self.conn.call(RpcCmd.BUFFER_GET_BASE,
+                                                  U64.pack(self.remote_ptr), 8))[0]
         return self.base
 
     def init_tensor(self, tensor):
@@ -197,11 +239,13 @@ class _RPCBuffer(BackendBuffer):
     def set_tensor(self, tensor, data, offset, size):
         record = rpc_serialize_tensor(tensor).pack()
         data = data[:size]
-        if size > RPC_HASH_THRESHOLD:       # the server may have these bytes in its cache already
+        # the server may have these bytes in its cache already
+        if size > RPC_HASH_THRESHOLD:
             req = TENSOR_AND_2.pack(record, offset, rpc_fnv_hash(data))
             if U8.unpack(self.conn.call(RpcCmd.SET_TENSOR_HASH, req, 1))[0]:
                 return
-        self.conn.call(RpcCmd.SET_TENSOR, (record, U64.pack(offset), data))   # | rpc_tensor | offset | data |
+        # | rpc_tensor | offset | data |
+        self.conn.call(RpcCmd.SET_TENSOR, (record, U64.pack(offset), data))
 
     def get_tensor(self, tensor, data, offset, size):
         req = TENSOR_AND_2.pack(rpc_serialize_tensor(tensor).pack(), offset, size)
@@ -210,7 +254,8 @@ class _RPCBuffer(BackendBuffer):
     def cpy_tensor(self, src, dst):
         sbuf = src.view_src.buffer if src.view_src is not None else src.buffer
         if not isinstance(sbuf, _RPCBuffer) or sbuf.conn is not self.conn:
-            return False                    # another server, or the host: the caller stages it
+            # another server, or the host: the caller stages it
+            return False
         req = rpc_serialize_tensor(src).pack() + rpc_serialize_tensor(dst).pack()
         return bool(U8.unpack(self.conn.call(RpcCmd.COPY_TENSOR, req, 1))[0])
 
@@ -219,24 +264,29 @@ class _RPCBuffer(BackendBuffer):
 
 # %% book/10_rpc.ipynb #rpc-client-buft
 class _RPCBufferType(BackendBufferType):
-    """ggml_backend_rpc_buffer_type: "RPC<device>[host:port]"; alignment and max size asked once."""
+    """ggml_backend_rpc_buffer_type: "RPC<device>[host:port]"; alignment and max size
+    asked once."""
 
     def __init__(self, device, endpoint, index, conn):
         super().__init__(device)
         self.endpoint, self.index = endpoint, index
         self.name = f"RPC{index}[{endpoint}]"
-        self.alignment = U64.unpack(conn.call(RpcCmd.GET_ALIGNMENT, U32.pack(index), 8))[0]
-        self.max_size = U64.unpack(conn.call(RpcCmd.GET_MAX_SIZE, U32.pack(index), 8))[0]
+        self.alignment = U64.unpack(conn.call(RpcCmd.GET_ALIGNMENT, U32.pack(index),
+                                              8))[0]
+        self.max_size = U64.unpack(conn.call(RpcCmd.GET_MAX_SIZE, U32.pack(index),
+                                             8))[0]
 
     def get_name(self):
         return self.name
 
     def alloc_buffer(self, size):
         conn = _get_socket(self.endpoint)
-        rsp = conn.call(RpcCmd.ALLOC_BUFFER, ALLOC_REQ.pack(self.index, size), PAIR.size)
+        rsp = conn.call(RpcCmd.ALLOC_BUFFER, ALLOC_REQ.pack(self.index, size),
+                        PAIR.size)
         remote_ptr, remote_size = PAIR.unpack(rsp)
         if remote_ptr == 0:
-            raise MemoryError(f"the RPC server {self.endpoint} could not allocate {size} bytes on device {self.index}")
+            raise MemoryError(f"the RPC server {self.endpoint} could not allocate "
+                              f"{size} bytes on device {self.index}")
         return _RPCBuffer(self, remote_size, conn, remote_ptr)
 
     def get_alignment(self):
@@ -246,7 +296,8 @@ class _RPCBufferType(BackendBufferType):
         return self.max_size
 
     def get_alloc_size(self, tensor):
-        if _needs_server_init(tensor) or tensor.op in (Op.FLASH_ATTN_EXT, Op.MUL_MAT_ID):
+        if _needs_server_init(tensor) or tensor.op in (Op.FLASH_ATTN_EXT,
+                                                       Op.MUL_MAT_ID):
             req = (U32.pack(self.index) + rpc_serialize_tensor(tensor).pack()
                    + b"".join(rpc_serialize_tensor(s).pack() for s in tensor.src))
             rsp = _get_socket(self.endpoint).call(RpcCmd.GET_ALLOC_SIZE, req, 8)
@@ -273,7 +324,8 @@ class _RPCBackend(Backend):
         if cgraph.n_nodes == 0:
             raise GGMLError(f"{self.name}: GGML_ASSERT(cgraph->n_nodes > 0) failed")
         conn, dev = _get_socket(self.endpoint), self.device
-        if cgraph.uid != 0 and dev.last_graph_uid == cgraph.uid:    # the server still holds it
+        # the server still holds it
+        if cgraph.uid != 0 and dev.last_graph_uid == cgraph.uid:
             conn.call(RpcCmd.GRAPH_RECOMPUTE, U32.pack(self.index))
         else:
             dev.last_graph_uid = cgraph.uid
@@ -299,11 +351,13 @@ class _RPCDevice(BackendDevice):
         return backend_rpc_get_device_memory(self.endpoint, self.index)
 
     def get_type(self):
-        return BackendDevType.GPU            # ggml: "TODO: obtain value from the server"
+        # ggml: "TODO: obtain value from the server"
+        return BackendDevType.GPU
 
     def get_props(self):
         free, total = self.get_memory()
-        return BackendDevProps(self.name, self.endpoint, free, total, self.get_type(), None, BackendDevCaps())
+        return BackendDevProps(self.name, self.endpoint, free, total, self.get_type(),
+                               None, BackendDevCaps())
 
     def init_backend(self, params=None):
         return backend_rpc_init(self.endpoint, self.index)
@@ -312,7 +366,8 @@ class _RPCDevice(BackendDevice):
         return backend_rpc_buffer_type(self.endpoint, self.index)
 
     def supports_op(self, op):
-        return True       # ggml 0.15.3's answer: protocol 4.0 cannot ask the server (see the pitfalls)
+        # ggml 0.15.3's answer: protocol 4.0 cannot ask the server (see the pitfalls)
+        return True
 
     def supports_buft(self, buft):
         return (isinstance(buft, _RPCBufferType) and buft.endpoint == self.endpoint
@@ -320,12 +375,14 @@ class _RPCDevice(BackendDevice):
 
 # %% book/10_rpc.ipynb #rpc-client-regs
 class _RPCServerReg(BackendReg):
-    """The reg of one server, "RPC[host:port]", with its devices (ggml_backend_rpc_add_server)."""
+    """The reg of one server, "RPC[host:port]", with its devices
+    (ggml_backend_rpc_add_server)."""
 
     def __init__(self, endpoint, n_devices, first_id):
         super().__init__()
         self.endpoint = endpoint
-        self.devices = [_RPCDevice(self, endpoint, i, f"RPC{first_id + i}") for i in range(n_devices)]
+        self.devices = [_RPCDevice(self, endpoint, i,
+                                   f"RPC{first_id + i}") for i in range(n_devices)]
 
     def get_name(self):
         return f"RPC[{self.endpoint}]"
@@ -339,9 +396,10 @@ class _RPCServerReg(BackendReg):
     def get_proc_address(self, name):
         return _PROCS.get(name)
 
-
+# %% book/10_rpc.ipynb #rpc-client-regs-f0ec2d9c
 class _RPCReg(BackendReg):
-    """ggml_backend_rpc_reg: the "RPC" family itself; no devices until a server is added."""
+    """ggml_backend_rpc_reg: the "RPC" family itself; no devices until a server is
+    added."""
 
     def get_name(self):
         return "RPC"
@@ -359,20 +417,23 @@ class _RPCReg(BackendReg):
 
 _RPC_REG = _RPCReg()
 _SERVER_REGS = {}             # endpoint -> _RPCServerReg
-_BUFTS = {}                   # "RPC<i>[endpoint]" -> _RPCBufferType (never freed, as in ggml)
+# "RPC<i>[endpoint]" -> _RPCBufferType (never freed, as in ggml)
+_BUFTS = {}
 _NEXT_DEV_ID = [0]
 _REG_LOCK = threading.Lock()
 
 # %% book/10_rpc.ipynb #rpc-client-api
 def backend_rpc_reg():
-    """ggml_backend_rpc_reg: the "RPC" reg (0 devices; get_proc_address gives add_server/start_server)."""
+    """ggml_backend_rpc_reg: the "RPC" reg (0 devices; get_proc_address gives
+    add_server/start_server)."""
     return _RPC_REG
 
 
 def backend_rpc_add_server(endpoint):
-    """ggml_backend_rpc_add_server: the reg "RPC[endpoint]" with the server's devices (DEVICE_COUNT),
-    made once per endpoint. Unlike ggml, where the caller (llama.cpp's --rpc) then calls
-    ggml_backend_register, it is also registered here, so its devices join the registry."""
+    """ggml_backend_rpc_add_server: the reg "RPC[endpoint]" with the server's devices
+    (DEVICE_COUNT), made once per endpoint. Unlike ggml, where the caller (llama.cpp's
+    --rpc) then calls ggml_backend_register, it is also registered here, so its devices
+    join the registry."""
     endpoint = str(endpoint)
     with _REG_LOCK:
         reg = _SERVER_REGS.get(endpoint)
@@ -385,17 +446,19 @@ def backend_rpc_add_server(endpoint):
     backend_register(reg)
     return reg
 
-
+# %% book/10_rpc.ipynb #rpc-client-api-51c00bde
 def _server_device(endpoint, device, where):
     reg = backend_rpc_add_server(endpoint)
     if not 0 <= device < reg.get_device_count():
-        raise GGMLError(f"{where}: device {device} out of range, the server {endpoint} has "
+        raise GGMLError(f"{where}: device {device} out of range, the server {endpoint} "
+                        "has "
                         f"{reg.get_device_count()}")
     return reg.get_device(device)
 
 
 def backend_rpc_init(endpoint, device=0):
-    """ggml_backend_rpc_init: a backend computing on device `device` of the server at "host:port"."""
+    """ggml_backend_rpc_init: a backend computing on device `device` of the server at
+    "host:port"."""
     return _RPCBackend(_server_device(str(endpoint), int(device), "backend_rpc_init"))
 
 
@@ -405,7 +468,8 @@ def backend_is_rpc(backend):
 
 # %% book/10_rpc.ipynb #rpc-client-api2
 def backend_rpc_buffer_type(endpoint, device=0):
-    """ggml_backend_rpc_buffer_type: the buffer type "RPC<device>[endpoint]" (one object per name)."""
+    """ggml_backend_rpc_buffer_type: the buffer type "RPC<device>[endpoint]" (one object
+    per name)."""
     endpoint, device = str(endpoint), int(device)
     name = f"RPC{device}[{endpoint}]"
     with _REG_LOCK:
@@ -419,21 +483,23 @@ def backend_rpc_buffer_type(endpoint, device=0):
 
 
 def backend_rpc_get_device_memory(endpoint, device=0):
-    """ggml_backend_rpc_get_device_memory: (free, total) bytes of the server's device; (0, 0), as in
-    ggml, if the server cannot be reached (logged)."""
+    """ggml_backend_rpc_get_device_memory: (free, total) bytes of the server's device;
+    (0, 0), as in ggml, if the server cannot be reached (logged)."""
     try:
         conn = _get_socket(endpoint)
     except GGMLError as e:
         _log.error("%s", e)
         return 0, 0
-    return PAIR.unpack(conn.call(RpcCmd.GET_DEVICE_MEMORY, U32.pack(int(device)), PAIR.size))
+    return PAIR.unpack(conn.call(RpcCmd.GET_DEVICE_MEMORY, U32.pack(int(device)),
+                                 PAIR.size))
 
-
+# %% book/10_rpc.ipynb #rpc-client-api2-7fcfa5d8
 def rpc_wire_stats(endpoint):
-    """ggml_lite's own: bytes sent and received to endpoint so far (every connection), and the
-    number of requests of each command."""
+    """ggml_lite's own: bytes sent and received to endpoint so far (every connection),
+    and the number of requests of each command."""
     t = _TRAFFIC.get(str(endpoint), {"sent": 0, "received": 0, "commands": {}})
-    return {"sent": t["sent"], "received": t["received"], "commands": dict(t["commands"])}
+    return {"sent": t["sent"], "received": t["received"],
+            "commands": dict(t["commands"])}
 
 # %% book/10_rpc.ipynb #rpc-procs
 _PROCS = {"ggml_backend_rpc_add_server": backend_rpc_add_server,

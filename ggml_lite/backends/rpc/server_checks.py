@@ -6,17 +6,21 @@ __all__ = []
 # %% book/10_rpc.ipynb #rpc-server-errors
 from ggml_lite.backend import backend_supports_op
 from ggml_lite.core import GGMLError
-from ggml_lite.ops import (Op, add, concat, cont_4d, cpy, diag_mask_inf, div, dup, get_glu_op, get_rows,
-                           get_unary_op, glu, glu_split, mean, mul, mul_mat, norm, repeat_4d, rms_norm,
-                           rope_multi, scale_bias, set_rows, soft_max_add_sinks, soft_max_ext, sub, sum_rows, unary)
+from ggml_lite.ops import (
+    Op, add, concat, cont_4d, cpy, diag_mask_inf, div, dup, get_glu_op, get_rows,
+    get_unary_op, glu, glu_split, mean, mul, mul_mat, norm, repeat_4d, rms_norm,
+    rope_multi, scale_bias, set_rows, soft_max_add_sinks, soft_max_ext, sub, sum_rows,
+    unary)
 from ggml_lite.ops import sum as _op_sum      # not the builtin
-from ggml_lite.tensor import (get_op_params_f32, get_op_params_i32, init, is_empty, nbytes, nelements,
-                              tensor_overhead)
+from ggml_lite.tensor import (
+    get_op_params_f32, get_op_params_i32, init, is_empty, nbytes, nelements,
+    tensor_overhead)
 from ggml_lite.types import Type, blck_size, type_size
 
 
 class Refused(GGMLError):
-    """A request the server will not carry out; the connection is closed with this reason."""
+    """A request the server will not carry out; the connection is closed with this
+    reason."""
 
 
 class ClientGone(Exception):
@@ -24,23 +28,27 @@ class ClientGone(Exception):
 
 
 _NOT_COMPUTED = {Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE}
-MAX_GRAPH_MESSAGE = 64 * 1024 * 1024     # a serialized graph larger than this is refused
+# a serialized graph larger than this is refused
+MAX_GRAPH_MESSAGE = 64 * 1024 * 1024
 
-
+# %% book/10_rpc.ipynb #rpc-server-errors-e6de0e5f
 def check_region(what, t, data, offset, size, base, buf_size):
-    """ggml's sanitize block of set_tensor/get_tensor: [data + offset, + size) inside the buffer,
-    and (ggml_backend_tensor_set's assert) inside the tensor."""
+    """ggml's sanitize block of set_tensor/get_tensor: [data + offset, + size) inside
+    the buffer, and (ggml_backend_tensor_set's assert) inside the tensor."""
     start, end = data + offset, base + buf_size
     if start < base or start >= end or size > end - start:
-        raise Refused(f"{what}: tensor data region (data=0x{data:x}, offset={offset}, size={size}) "
+        raise Refused(f"{what}: tensor data region (data=0x{data:x}, offset={offset}, "
+                      f"size={size}) "
                        f"out of buffer bounds [0x{base:x}, 0x{end:x})")
     if offset + size > nbytes(t):
-        raise Refused(f"{what}: offset + size = {offset + size} > nbytes = {nbytes(t)} of tensor '{t.name}'")
+        raise Refused(f"{what}: offset + size = {offset + size} > nbytes = {nbytes(t)} "
+                      f"of tensor '{t.name}'")
 
 
 def _shows_more_than_it_spans(t):
-    """A tensor whose strides overlap: more element bytes than the bytes it spans (work without
-    memory: refused, so that a frame cannot ask for 2**64 element visits over 4 bytes)."""
+    """A tensor whose strides overlap: more element bytes than the bytes it spans (work
+    without memory: refused, so that a frame cannot ask for 2**64 element visits over 4
+    bytes)."""
     return nelements(t) * type_size(t.type) // blck_size(t.type) > nbytes(t)
 
 # %% book/10_rpc.ipynb #rpc-server-rebuild
@@ -60,7 +68,8 @@ def _rebuild_soft_max(c, n):
 
 
 def _rebuild_rope(c, n):
-    return rope_multi(c, n.src[0], n.src[1], n.src[2], _i(n, 1), [_i(n, k) for k in range(11, 15)], _i(n, 2),
+    return rope_multi(c, n.src[0], n.src[1], n.src[2], _i(n, 1),
+                      [_i(n, k) for k in range(11, 15)], _i(n, 2),
                       _i(n, 4), *(_f(n, k) for k in range(5, 11)))
 
 
@@ -70,8 +79,9 @@ def _rebuild_glu(c, n):
     return glu_split(c, n.src[0], n.src[1], get_glu_op(n))
 
 
-# Each computed op made again by its constructor from the node's own sources and op_params: the
-# constructor applies the op's shape rules, and what it makes must be what the node says it is.
+# Each computed op made again by its constructor from the node's own sources and
+# op_params: the constructor applies the op's shape rules, and what it makes must be
+# what the node says it is.
 _REBUILD = {
     Op.DUP: lambda c, n: dup(c, n.src[0]),
     Op.CPY: lambda c, n: cpy(c, n.src[0], n.src[1]),
@@ -87,7 +97,8 @@ _REBUILD = {
     Op.ROPE: _rebuild_rope,
     Op.DIAG_MASK_INF: lambda c, n: diag_mask_inf(c, n.src[0], _i(n, 0)),
     Op.GET_ROWS: lambda c, n: get_rows(c, n.src[0], n.src[1]),
-    Op.SET_ROWS: lambda c, n: set_rows(c, n.src[2], n.src[0], n.src[1]),      # src: rows, indices, destination
+    # src: rows, indices, destination
+    Op.SET_ROWS: lambda c, n: set_rows(c, n.src[2], n.src[0], n.src[1]),
     Op.CONCAT: lambda c, n: concat(c, n.src[0], n.src[1], _i(n, 0)),
     Op.SUM: lambda c, n: _op_sum(c, n.src[0]),
     Op.SUM_ROWS: lambda c, n: sum_rows(c, n.src[0]),
@@ -108,22 +119,31 @@ def check_node(i, node, backend):
         if is_empty(t):
             continue
         if t.buffer is None or not t.data:
-            raise Refused(f"{what}: tensor '{t.name}' has no memory on this server (buffer 0)")
+            raise Refused(f"{what}: tensor '{t.name}' has no memory on this server "
+                          "(buffer 0)")
         if _shows_more_than_it_spans(t):
-            raise Refused(f"{what}: tensor '{t.name}' has overlapping strides (ne={list(t.ne)}, nb={list(t.nb)})")
+            raise Refused(f"{what}: tensor '{t.name}' has overlapping strides "
+                          f"(ne={list(t.ne)}, nb={list(t.nb)})")
     rule = _REBUILD.get(Op(node.op))
-    if rule is None:                                # what no ggml_lite backend computes yet
-        raise Refused(f"{what}: the server's {backend.get_name()} backend cannot compute it")
+    # what no ggml_lite backend computes yet
+    if rule is None:
+        raise Refused(f"{what}: the server's {backend.get_name()} backend cannot "
+                      "compute it")
     try:
         r = rule(init(8 * tensor_overhead(), no_alloc=True), node)   # a scratch context
     except (GGMLError, ValueError, TypeError, AttributeError, IndexError) as e:
-        raise Refused(f"{what}: breaks the op's rules: {type(e).__name__}: {e}") from None
+        raise Refused(
+            f"{what}: breaks the op's rules: {type(e).__name__}: {e}"
+        ) from None
     if int(r.type) != int(node.type) or list(r.ne) != list(node.ne):
-        raise Refused(f"{what}: says {Type(node.type).name} ne={list(node.ne)}, its sources make "
+        raise Refused(f"{what}: says {Type(node.type).name} ne={list(node.ne)}, its "
+                      "sources make "
                        f"{Type(r.type).name} ne={list(r.ne)}")
-    try:                                            # e.g. a UNARY node whose op_params name no unary op
+    # e.g. a UNARY node whose op_params name no unary op
+    try:
         supported = backend_supports_op(backend, node)
     except (GGMLError, ValueError, TypeError, AttributeError) as e:
         raise Refused(f"{what}: {type(e).__name__}: {e}") from None
     if not supported:
-        raise Refused(f"{what}: the server's {backend.get_name()} backend cannot compute it")
+        raise Refused(f"{what}: the server's {backend.get_name()} backend cannot "
+                      "compute it")

@@ -19,8 +19,10 @@ RPC_PROTO_MAJOR_VERSION = 4      # include/ggml-rpc.h of ggml 0.15.3
 RPC_PROTO_MINOR_VERSION = 0
 RPC_PROTO_PATCH_VERSION = 1
 GGML_RPC_MAX_SERVERS = 16
-RPC_CONN_CAPS_SIZE = 24          # transport.h: HELLO's capability bytes (RDMA parameters; zero on TCP)
-RPC_HASH_THRESHOLD = 10 * 1024 * 1024   # HASH_THRESHOLD: bigger writes try SET_TENSOR_HASH first
+# transport.h: HELLO's capability bytes (RDMA parameters; zero on TCP)
+RPC_CONN_CAPS_SIZE = 24
+# HASH_THRESHOLD: bigger writes try SET_TENSOR_HASH first
+RPC_HASH_THRESHOLD = 10 * 1024 * 1024
 
 
 class RpcCmd(IntEnum):
@@ -45,8 +47,9 @@ class RpcCmd(IntEnum):
     COUNT = 17
 
 # %% book/10_rpc.ipynb #rpc-tensor-record
-# struct rpc_tensor, #pragma pack(1): id, type, buffer, ne[4] and nb[4] as uint32, op, op_params[16],
-# flags, src[10], view_src, view_offs, data, name[64], padding[4] -- 296 bytes, little-endian
+# struct rpc_tensor, #pragma pack(1): id, type, buffer, ne[4] and nb[4] as uint32, op,
+# op_params[16], flags, src[10], view_src, view_offs, data, name[64], padding[4] -- 296
+# bytes, little-endian
 RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64s4x")
 RPC_TENSOR_SIZE = RPC_TENSOR.size
 assert RPC_TENSOR_SIZE == 296
@@ -54,10 +57,12 @@ assert RPC_TENSOR_SIZE == 296
 
 @dataclass
 class RpcTensor:
-    """One rpc_tensor record: a ggml_tensor as it crosses the wire (pointers become ids)."""
+    """One rpc_tensor record: a ggml_tensor as it crosses the wire (pointers become
+    ids)."""
     id: int = 0
     type: int = 0
-    buffer: int = 0             # the server's handle of the buffer (0: not in a remote buffer)
+    # the server's handle of the buffer (0: not in a remote buffer)
+    buffer: int = 0
     ne: tuple = (0, 0, 0, 0)
     nb: tuple = (0, 0, 0, 0)
     op: int = 0
@@ -70,33 +75,43 @@ class RpcTensor:
     name: bytes = b""
 
     def pack(self):
-        return RPC_TENSOR.pack(self.id, self.type, self.buffer, *self.ne, *self.nb, self.op,
-                               *self.op_params, self.flags, *self.src, self.view_src, self.view_offs,
+        return RPC_TENSOR.pack(self.id, self.type, self.buffer, *self.ne, *self.nb,
+                               self.op,
+                               *self.op_params, self.flags, *self.src, self.view_src,
+                               self.view_offs,
                                self.data, self.name)
 
     @classmethod
     def unpack(cls, raw, offset=0):
         v = RPC_TENSOR.unpack_from(raw, offset)
-        return cls(v[0], v[1], v[2], v[3:7], v[7:11], v[11], v[12:28], v[28], v[29:39], v[39], v[40],
+        return cls(v[0], v[1], v[2], v[3:7], v[7:11], v[11], v[12:28], v[28], v[29:39],
+                   v[39], v[40],
                    v[41], v[42])
 
 # %% book/10_rpc.ipynb #rpc-messages
 U32, U64 = struct.Struct("<I"), struct.Struct("<Q")
-HELLO_RSP = struct.Struct(f"<BBBB{RPC_CONN_CAPS_SIZE}s")     # major, minor, patch, padding, conn_caps
+# major, minor, patch, padding, conn_caps
+HELLO_RSP = struct.Struct(f"<BBBB{RPC_CONN_CAPS_SIZE}s")
 ALLOC_REQ = struct.Struct("<IQ")                             # device, size
-PAIR = struct.Struct("<QQ")                                  # (remote_ptr, remote_size), (free, total)
+# (remote_ptr, remote_size), (free, total)
+PAIR = struct.Struct("<QQ")
 CLEAR_REQ = struct.Struct("<QB")                             # remote_ptr, value
-TENSOR_AND_2 = struct.Struct(f"<{RPC_TENSOR_SIZE}sQQ")       # tensor, offset, (hash | size)
+# tensor, offset, (hash | size)
+TENSOR_AND_2 = struct.Struct(f"<{RPC_TENSOR_SIZE}sQQ")
 U8 = struct.Struct("<B")
 
 # The fixed request size of each command (None: variable) and whether it has a response.
 REQUEST_SIZE = {
-    RpcCmd.ALLOC_BUFFER: ALLOC_REQ.size, RpcCmd.GET_ALIGNMENT: 4, RpcCmd.GET_MAX_SIZE: 4,
-    RpcCmd.BUFFER_GET_BASE: 8, RpcCmd.FREE_BUFFER: 8, RpcCmd.BUFFER_CLEAR: CLEAR_REQ.size,
+    RpcCmd.ALLOC_BUFFER: ALLOC_REQ.size, RpcCmd.GET_ALIGNMENT: 4,
+    RpcCmd.GET_MAX_SIZE: 4,
+    RpcCmd.BUFFER_GET_BASE: 8, RpcCmd.FREE_BUFFER: 8,
+    RpcCmd.BUFFER_CLEAR: CLEAR_REQ.size,
     RpcCmd.SET_TENSOR: None, RpcCmd.SET_TENSOR_HASH: TENSOR_AND_2.size,
     RpcCmd.GET_TENSOR: TENSOR_AND_2.size, RpcCmd.COPY_TENSOR: 2 * RPC_TENSOR_SIZE,
-    RpcCmd.GRAPH_COMPUTE: None, RpcCmd.GET_DEVICE_MEMORY: 4, RpcCmd.INIT_TENSOR: RPC_TENSOR_SIZE,
-    RpcCmd.GET_ALLOC_SIZE: 4 + (1 + MAX_SRC) * RPC_TENSOR_SIZE, RpcCmd.HELLO: RPC_CONN_CAPS_SIZE,
+    RpcCmd.GRAPH_COMPUTE: None, RpcCmd.GET_DEVICE_MEMORY: 4,
+    RpcCmd.INIT_TENSOR: RPC_TENSOR_SIZE,
+    RpcCmd.GET_ALLOC_SIZE: 4 + (1 + MAX_SRC) * RPC_TENSOR_SIZE,
+    RpcCmd.HELLO: RPC_CONN_CAPS_SIZE,
     RpcCmd.DEVICE_COUNT: 0, RpcCmd.GRAPH_RECOMPUTE: 4,
 }
 NO_RESPONSE = {RpcCmd.SET_TENSOR, RpcCmd.GRAPH_COMPUTE, RpcCmd.GRAPH_RECOMPUTE}
@@ -112,8 +127,13 @@ def _fnv_1a(data):
 
 
 def rpc_fnv_hash(data):
-    """fnv_hash of ggml-rpc.cpp: FNV-1a 64 of the bytes, the name of a weight in the server's cache."""
-    arr = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    """fnv_hash of ggml-rpc.cpp: FNV-1a 64 of the bytes, the name of a weight in the
+    server's cache."""
+    arr = (
+        np.frombuffer(data, np.uint8)
+        if not isinstance(data, np.ndarray)
+        else data.reshape(-1).view(np.uint8)
+    )
     return int(_fnv_1a(arr))
 
 # %% book/10_rpc.ipynb #rpc-connection
