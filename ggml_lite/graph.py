@@ -107,6 +107,7 @@ class CGraph:
         self.uid = 0
         self.offs = None                        # offset of the GRAPH object in the pool
         self._stamp = (None, None)              # ggml_lite only: its pool's generation
+        self._alive_pools = None   # (uid, pools of its tensors): graph_check_alive
 
     @property
     def n_nodes(self):
@@ -502,9 +503,25 @@ def _check_graph(graph, where):
 
 def graph_check_alive(cgraph, where):
     """Raise GGMLError if the graph, or any of its leafs, nodes and their operands, is
-    gone (freed or reset)."""
+    gone (freed or reset). A graph the scheduler numbered (uid != 0; it numbers a graph
+    anew whenever it splits it) is walked once per uid: later checks look only at the
+    few pools its tensors live in."""
     _check_graph(cgraph, where)
-    operands = itertools.chain.from_iterable((n, *n.src) for n in cgraph.nodes)
-    gone = first_gone(itertools.chain(cgraph.leafs, operands))
+    last = cgraph._alive_pools
+    if cgraph.uid != 0 and last is not None and last[0] == cgraph.uid and all(
+            ctx._generation == gen for ctx, gen in last[1]):
+        return
+    gone = first_gone(_graph_tensors(cgraph))
     if gone is not None:
         tensor_check_alive(gone, where)             # raises, saying how its memory went
+    if cgraph.uid != 0:
+        pools = {ctx for t in _graph_tensors(cgraph) if t is not None
+                 for ctx in (t._ctx, t.view_src._ctx if t.view_src is not None else None)
+                 if ctx is not None}
+        cgraph._alive_pools = (cgraph.uid, tuple((c, c._generation) for c in pools))
+
+
+def _graph_tensors(cgraph):
+    """The leafs, then each node and its sources (None where a source slot is empty)."""
+    return itertools.chain(cgraph.leafs, itertools.chain.from_iterable(
+        (n, *n.src) for n in cgraph.nodes))

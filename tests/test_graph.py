@@ -413,6 +413,41 @@ def test_build_refuses_a_dead_tensor_and_changes_nothing():
         ggml.graph.graph_check_alive(gf, "compute")
 
 
+def test_a_numbered_graph_is_walked_once_and_still_refused_when_a_pool_goes():
+    """graph_check_alive of a graph with a uid (the scheduler's) walks its tensors once per uid and
+    then checks only their pools: freeing or resetting any of those pools is still caught, each time,
+    and a new uid walks again."""
+    weights, work = ggml.init(1 << 16), ggml.init(1 << 16)
+    w = ggml.set_name(ggml.new_tensor_1d(weights, F32, 4), "w")
+    v = ggml.set_name(ggml.view_1d(weights, w, 2, 0), "v")
+    x = ggml.new_tensor_1d(work, F32, 4)
+    gf = ggml.new_graph_custom(work, 16)
+    ggml.build_forward_expand(gf, ggml.add(work, ggml.mul(work, x, w), x))
+    gf.uid = ggml.graph.graph_next_uid()
+    ggml.graph.graph_check_alive(gf, "compute")
+    assert gf._alive_pools[0] == gf.uid and {c for c, _ in gf._alive_pools[1]} == {weights, work}
+    gf.nodes[0].src[1] = v                       # unseen by the uid's cache: the pools still cover it
+    ggml.reset(weights)
+    with pytest.raises(GGMLError, match="compute: tensor 'w' is gone: its context was reset"):
+        ggml.graph.graph_check_alive(gf, "compute")
+    with pytest.raises(GGMLError, match="'w' is gone"):            # refused again, not remembered as fine
+        ggml.graph.graph_check_alive(gf, "compute")
+    other = ggml.init(1 << 16)
+    u = ggml.set_name(ggml.new_tensor_1d(other, F32, 4), "u")
+    g2 = ggml.new_graph_custom(work, 16)
+    ggml.build_forward_expand(g2, ggml.add(work, x, x))
+    g2.uid = ggml.graph.graph_next_uid()
+    ggml.graph.graph_check_alive(g2, "compute")
+    assert {c for c, _ in g2._alive_pools[1]} == {work}
+    g2.nodes[0].src[1] = u                       # a pool the cache has not seen ...
+    g2.uid = ggml.graph.graph_next_uid()         # ... is seen once the graph is numbered anew
+    ggml.graph.graph_check_alive(g2, "compute")
+    assert {c for c, _ in g2._alive_pools[1]} == {other, work}
+    ggml.free(other)
+    with pytest.raises(GGMLError, match="'u' is gone: its context was freed"):
+        ggml.graph.graph_check_alive(g2, "compute")
+
+
 def test_dump_dot_call_forms(tmp_path):
     ctx, graphs = scenarios.axb(G)
     gf = graphs["gf"]
