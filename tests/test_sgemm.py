@@ -59,7 +59,8 @@ def test_plan_is_llamafiles(m, n, k, nth, want):
 
 
 def test_declines_other_types_and_leaves_dst_alone():
-    for pair in ((Type.F16, Type.F32), (Type.F32, Type.F16), (Type.Q8_0, Type.Q8_0), (Type.BF16, Type.BF16)):
+    for pair in ((Type.F16, Type.F32), (Type.F32, Type.F16), (Type.Q8_0, Type.F32), (Type.Q4_0, Type.Q8_0),
+                 (Type.BF16, Type.BF16)):
         assert S.llamafile_sgemm_plan(64, 4, 32, 1, *pair) is None
     assert S.llamafile_sgemm_plan(64, 4, 32, 1, Type.F32, Type.F32, Type.F16) is None
     rng = np.random.default_rng(1)
@@ -132,3 +133,79 @@ def test_mul_mat_offers_sgemm_only_where_ggml_is_built_with_llamafile():
         ggml.backend_buffer_free(buf)
         ggml.free(ctx)
     assert P.TASK_SGEMM not in kinds[False] and P.TASK_SGEMM in kinds[True], kinds
+
+
+def _q8_0(a):
+    import ggml_lite as ggml
+    k = a.shape[-1]
+    q = np.frombuffer(ggml.quantize_chunk(Type.Q8_0, a.reshape(-1, k)), np.uint8)
+    return q.reshape(*a.shape[:-1], k // 32 * 34)
+
+
+def test_q8_0_plan():
+    assert S.llamafile_sgemm_plan(64, 4, 2, 1, Type.Q8_0, Type.Q8_0) == (0, 0)      # tinyBLAS_Q0: mnpack's tiles
+    assert S.llamafile_sgemm_plan(6, 3, 1, 2, Type.Q8_0, Type.Q8_0) == (0, 0)       # any m, any k
+    assert S.llamafile_sgemm_plan(64, 1, 2, 1, Type.Q8_0, Type.Q8_0) is None        # one column: decode
+    assert S.llamafile_sgemm_plan(64, 4, 2, 1, Type.Q8_0, Type.Q8_0, Type.F16) is None
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 5, 64), (13, 7, 96), (6, 2, 32), (3, 9, 64), (128, 64, 256), (5, 3, 32)])
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_q8_0_tiles_are_the_dot_products_bits(m, n, k, nth):
+    """Every output of tinyBLAS_Q0 is ggml_vec_dot_q8_0_q8_0's, whichever tile and thread made it:
+    equal to the chunk loop bit for bit, over shapes that leave rows and columns to mnpack's
+    smaller tiles."""
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a, b = _operands(rng, m, n, k)
+    w = _q8_0(a)
+    d, plain = np.full((1, 1, n, m), np.nan, np.float32), np.full((1, 1, n, m), np.nan, np.float32)
+    assert S.forward_mul_mat_sgemm(Type.Q8_0, w, b, d, nth=nth)
+    forward_mul_mat(Type.Q8_0, w, b, plain)
+    assert np.array_equal(d, plain)
+
+
+def test_q8_0_broadcast_planes():
+    rng = np.random.default_rng(4)
+    a, b = _operands(rng, 20, 6, 64, planes=(1, 2), bplanes=(3, 4))
+    w = _q8_0(a)
+    d, plain = np.empty((3, 4, 6, 20), np.float32), np.empty((3, 4, 6, 20), np.float32)
+    assert S.forward_mul_mat_sgemm(Type.Q8_0, w, b, d, nth=2)
+    forward_mul_mat(Type.Q8_0, w, b, plain)
+    assert np.array_equal(d, plain)
+
+
+@pytest.mark.parametrize("python_loop", [False, True])
+def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
+    """A Q8_0 weight against 8 F32 activation rows, src1 broadcast over 2 planes: with llamafile on,
+    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_EXTRA row of the compiled
+    loop; the Python loop calls the same function), the same bits as with it off."""
+    import ggml_lite as ggml
+    from ggml_lite.backends.cpu import program as P
+    from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile
+    from ggml_lite.backends.cpu.compute import _PREPARED
+    rng = np.random.default_rng(6)
+    w, x = rng.standard_normal((1, 36, 64)).astype(np.float32), rng.standard_normal((2, 8, 64)).astype(np.float32)
+    got, kinds = {}, {}
+    for on in (False, True):
+        ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+        a, b = ggml.new_tensor_3d(ctx, Type.Q8_0, 64, 36, 1), ggml.new_tensor_3d(ctx, Type.F32, 64, 8, 2)
+        y = ggml.mul_mat(ctx, a, b)
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, y)
+        cpu = ggml.backend_cpu_init()
+        ggml.backend_cpu_set_n_threads(cpu, 2)
+        backend_cpu_set_llamafile(cpu, on)
+        buf = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        ggml.backend_tensor_set(a, _q8_0(w))
+        ggml.backend_tensor_set(b, x)
+        _PREPARED.clear()
+        plan = ggml.graph_plan(gf, 2)
+        plan.llamafile, plan.python_loop = on, python_loop
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+        ggml.graph_compute(gf, plan)
+        got[on] = ggml.backend_tensor_get(y)
+        kinds[on] = {int(k) for p in _PREPARED.values() if p.native is not None for k in p.native.prog[:, P.KIND]}
+        ggml.backend_buffer_free(buf)
+        ggml.free(ctx)
+    assert np.array_equal(got[True], got[False])
+    assert P.TASK_EXTRA in kinds[True] and P.TASK_EXTRA not in kinds[False], kinds

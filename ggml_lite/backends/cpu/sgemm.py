@@ -11,7 +11,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.simd import Vec, vsum, vzero
+from ggml_lite.backends.cpu.simd import AVX2, AVX512_VNNI, Vec, _x86, vfloat, vload, vsum, vzero
 from ggml_lite.types import Type
 
 KN = 8                   # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
@@ -143,11 +143,16 @@ def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
 def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
     """What llamafile_sgemm (ggml src/ggml-cpu/llamafile/sgemm.cpp, x86 with AVX2, FMA and F16C)
     decides for C[n, m] = B[n, k] A[m, k]^T: None when it declines (ggml then falls back to its own
-    kernels), else tinyBLAS's (rn, bm). It declines a single column (n < 2: "only enable sgemm for
-    prompt processing"), any C but F32, A and B of other type pairs than F32 x F32 and F16 x F16
-    (ggml also takes BF16 x BF16 and Q8_0/Q4_0/Q4_1/Q5_0/IQ4_NL x Q8_0: not in ggml_lite yet),
-    k not a multiple of the vector width, and m not a multiple of 4."""
-    if n < 2 or ctype != Type.F32 or (atype, btype) not in ((Type.F32, Type.F32), (Type.F16, Type.F16)):
+    kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0 x Q8_0 (tinyBLAS_Q0, tiled by mnpack;
+    k counts blocks there). It declines a single column (n < 2: "only enable sgemm for prompt
+    processing"), any C but F32, A and B of other type pairs than F32 x F32, F16 x F16 and
+    Q8_0 x Q8_0 (ggml also takes BF16 x BF16 and Q4_0/Q4_1/Q5_0/IQ4_NL x Q8_0: not in ggml_lite),
+    and, for the float types, k not a multiple of the vector width and m not a multiple of 4."""
+    if n < 2 or ctype != Type.F32:
+        return None
+    if (atype, btype) == (Type.Q8_0, Type.Q8_0):
+        return 0, 0
+    if (atype, btype) not in ((Type.F32, Type.F32), (Type.F16, Type.F16)):
         return None
     if k % KN != 0:
         return None
@@ -165,41 +170,168 @@ def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
 def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, btype, ctype=Type.F32):
     """llamafile_sgemm for thread ith of nth: False if it declines (before touching anything), else
     computes this thread's share of C and returns True. A, B: flat float32 (F32) or uint16 (F16
-    bits) arrays of rows lda, ldb elements apart; C flat float32, rows ldc apart; counter: a
-    1-element int64 array set to nth before any thread starts (ggml: ith 0 sets it behind a
-    barrier, inside gemm)."""
+    bits) arrays of rows lda, ldb elements apart, or uint8 (Q8_0 blocks) of rows lda, ldb blocks
+    apart, k blocks long; C flat float32, rows ldc apart; counter: a 1-element int64 array set to
+    nth before any thread starts (ggml: ith 0 sets it behind a barrier, inside gemm; Q8_0's tiles
+    are shared out without it)."""
     plan = llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype)
     if plan is None:
         return False
-    gemm(A, lda, B, ldb, C, ldc, k, m, n, plan[0], plan[1], counter, ith, nth)
+    if plan == (0, 0):
+        gemm_q0(A, lda * Q8_0_BYTES, B, ldb * Q8_0_BYTES, C, ldc, k, m, n, ith, nth)
+    else:
+        gemm(A, lda, B, ldb, C, ldc, k, m, n, plan[0], plan[1], counter, ith, nth)
     return True
 
 # %% book/05_cpu_kernels.ipynb #sgemm-forward
 def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
     """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm, its nth threads played one after
     another: on src1 as it is, then, if declined and src1 is not of the weight's vec_dot_type, on
-    src1 converted to it (F16 for an F16 weight, as the chunk loop would read it). False if both
-    decline (ggml goes on to its chunk loop). src0 (F16 as uint16 bits), src1 (float32), dst
-    (float32): contiguous [ne3, ne2, ne1, ne0] arrays; src0 broadcast over planes as in mul_mat."""
-    ne03, ne02, ne01, ne00 = src0.shape
+    src1 converted to it (F16 for an F16 weight, Q8_0 rows for a Q8_0 weight, as the chunk loop
+    would read it). False if both decline (ggml goes on to its chunk loop). src0 (F16 as uint16
+    bits, Q8_0 as its bytes), src1 (float32), dst (float32): contiguous [ne3, ne2, ne1, ne0]
+    arrays; src0 broadcast over planes as in mul_mat."""
+    ne03, ne02, ne01, _ = src0.shape
     ne13, ne12, ne11, ne10 = src1.shape
     r2, r3 = ne12 // ne02, ne13 // ne03
+    quantized = src0_type == Type.Q8_0
+    k = ne10 // 32 if quantized else ne10                    # ggml's k: ne00 / blck_size
 
-    def attempt(btype, b):
+    def attempt(btype, b, ldb):
         for i13 in range(ne13):
             for i12 in range(ne12):
                 counter = np.array([nth], np.int64)
                 a, c = src0[i13 // r3, i12 // r2].reshape(-1), dst[i13, i12].reshape(-1)
                 for ith in range(nth):
-                    if not llamafile_sgemm(ith, nth, counter, ne01, ne11, ne00, a, ne00, b[i13, i12].reshape(-1),
-                                           ne10, c, ne01, src0_type, btype):
+                    if not llamafile_sgemm(ith, nth, counter, ne01, ne11, k, a, k, b[i13, i12].reshape(-1),
+                                           ldb, c, ne01, src0_type, btype):
                         return False
         return True
-    if attempt(Type.F32, src1):
+    if attempt(Type.F32, src1, ne10):
         return True
-    if src0_type != Type.F16:                                  # (F32's vec_dot_type is F32: nothing to convert)
+    if src0_type not in (Type.F16, Type.Q8_0):                 # (F32's vec_dot_type is F32: nothing to convert)
         return False
     wdata = np.empty(V.mul_mat_wsize(src0_type, src1), np.uint8)
     for ith in range(nth):
         V.forward_mul_mat_src1(src0_type, src1, wdata, ith, nth)
-    return attempt(Type.F16, wdata.view(np.uint16)[:src1.size].reshape(src1.shape))
+    if quantized:
+        rows = wdata[:ne13 * ne12 * ne11 * k * Q8_0_BYTES].reshape(ne13, ne12, ne11, k * Q8_0_BYTES)
+        return attempt(Type.Q8_0, rows, k)
+    return attempt(Type.F16, wdata.view(np.uint16)[:src1.size].reshape(src1.shape), ne10)
+
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-dot
+Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
+
+
+@intrinsic
+def _updot(typingctx, a, b):
+    """The 32 int8 of a times those of b (each given as 32 raw bytes), summed in fours: int32 x 8.
+    On x86 as ggml's mul_sum_i8_pairs_float: |a| (vpsignb a, a) times b carrying a's signs
+    (vpsignb b, a), then vpmaddubsw and vpmaddwd (vpdpbusd with AVX512-VNNI); the plain products
+    elsewhere. Q8_0's codes lie in -127..127, where every one of these is exact."""
+    if not (isinstance(a, Vec) and a == b and a.count == 32 and a.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8, i16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16)
+        i32 = ir.VectorType(ir.IntType(32), 8)
+        x, y = args
+        if AVX2:
+            ax = _x86(builder, "llvm.x86.avx2.psign.b", i8, [x, x])
+            sy = _x86(builder, "llvm.x86.avx2.psign.b", i8, [y, x])
+            if AVX512_VNNI:
+                return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", i32,
+                            [ir.Constant(i32, None), builder.bitcast(ax, i32), builder.bitcast(sy, i32)])
+            pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", i16, [ax, sy])
+            return _x86(builder, "llvm.x86.avx2.pmadd.wd", i32, [ir.Constant(i16, [1] * 16), pairs])
+        wide = ir.VectorType(ir.IntType(32), 32)
+        prod = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
+        out = ir.Constant(i32, None)
+        for q in range(8):
+            lane = [builder.extract_element(prod, ir.IntType(32)(4 * q + j)) for j in range(4)]
+            s4 = builder.add(builder.add(lane[0], lane[1]), builder.add(lane[2], lane[3]))
+            out = builder.insert_element(out, s4, ir.IntType(32)(q))
+        return out
+    return Vec(types.int32, 8)(a, b), codegen
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_dot(A, ao, B, bo, c):
+    """One block of one output: c + (the 32 int8 products summed in fours) * dA * dB, as
+    ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX both add it (one fused multiply-add per lane)."""
+    return c + vfloat(_updot(vload(A, ao + 2, 32), vload(B, bo + 2, 32))) * (V._h(A, ao) * V._h(B, bo))
+
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-tile
+@njit(cache=True, nogil=True, error_model="numpy")
+def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn):
+    """tinyBLAS_Q0_AVX's tile of rm x rn outputs C[ldc*(jj+j) + ii+i], A's rows ii.. by B's rows
+    jj.. (lda, ldb: row strides in bytes; k blocks). The 4 x 2 and 4 x 1 tiles (gemm4xN) load a
+    block of A once for both columns and a block of B once for four rows; the other tiles, at
+    the edges, go output by output. Every output is ggml_vec_dot_q8_0_q8_0's: the same bits
+    whatever the tile."""
+    if rm == 4 and rn <= 2:
+        j1 = jj + rn - 1                                  # a 4 x 1 tile computes its column twice
+        c00, c01, c02, c03 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
+        c10, c11, c12, c13 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
+        a0, a1, a2, a3 = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
+        b0, b1 = ldb * jj, ldb * j1
+        for l in range(0, k * Q8_0_BYTES, Q8_0_BYTES):
+            c00, c01 = _q0_dot(A, a0 + l, B, b0 + l, c00), _q0_dot(A, a1 + l, B, b0 + l, c01)
+            c02, c03 = _q0_dot(A, a2 + l, B, b0 + l, c02), _q0_dot(A, a3 + l, B, b0 + l, c03)
+            c10, c11 = _q0_dot(A, a0 + l, B, b1 + l, c10), _q0_dot(A, a1 + l, B, b1 + l, c11)
+            c12, c13 = _q0_dot(A, a2 + l, B, b1 + l, c12), _q0_dot(A, a3 + l, B, b1 + l, c13)
+        o = ldc * jj + ii
+        C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c00), vsum(c01), vsum(c02), vsum(c03)
+        o = ldc * j1 + ii
+        C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c10), vsum(c11), vsum(c12), vsum(c13)
+        return
+    for j in range(jj, jj + rn):
+        for i in range(ii, ii + rm):
+            c = vzero(np.float32, 8)
+            for l in range(0, k * Q8_0_BYTES, Q8_0_BYTES):
+                c = _q0_dot(A, lda * i + l, B, ldb * j + l, c)
+            C[ldc * j + i] = vsum(c)
+
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-gemm
+# mnpack's tile (mc, nc) for (min(m - m0, 4), min(n - n0, 4)) with 16 vector registers (AVX2),
+# indexed [rows - 1, cols - 1]: 4 x 2 wherever four rows and two columns are left
+_MNPACK = np.array([[(1, 1), (1, 2), (1, 3), (1, 4)],
+                    [(2, 1), (2, 2), (2, 3), (2, 4)],
+                    [(3, 1), (3, 2), (3, 2), (2, 4)],
+                    [(4, 1), (4, 2), (4, 2), (4, 2)]], np.int64)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
+    """tinyBLAS_Q0_AVX::matmul(m, n) for thread ith of nth (lda, ldb in bytes): mnpack takes the
+    widest tile that fits what is left, gives each thread an equal run of those tiles (no
+    counter, no barrier), then packs the rows and the columns left over the same way. ggml
+    recurses; here a stack of regions, popped in ggml's order."""
+    stack = np.empty((32, 4), np.int64)
+    stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = 0, m, 0, n
+    top = 1
+    while top > 0:
+        top -= 1
+        m0, m1, n0, n1 = stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3]
+        if m1 <= m0 or n1 <= n0:
+            continue
+        mc, nc = _MNPACK[min(m1 - m0, 4) - 1, min(n1 - n0, 4) - 1]
+        ytiles, xtiles = (m1 - m0) // mc, (n1 - n0) // nc
+        duty = (ytiles * xtiles + nth - 1) // nth
+        for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
+            q0_tile(A, lda, B, ldb, C, ldc, k, m0 + job // xtiles * mc, n0 + job % xtiles * nc, mc, nc)
+        mp, np_ = m0 + ytiles * mc, n0 + xtiles * nc
+        stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = m0, m1, np_, n1     # then these
+        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2], stack[top + 1, 3] = mp, m1, n0, np_
+        top += 2
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_q0_planes(A, B, C, ld, m, n, k, ith, nth):
+    """gemm_planes for Q8_0 x Q8_0: ggml's llamafile_sgemm call for every plane (i12, i13), on
+    flat A, B (bytes) and C, ld as for gemm_planes (A's and B's strides in bytes)."""
+    lda, ldb, ldc, r2, r3, ne12 = ld[0], ld[3], ld[6], ld[9], ld[10], ld[11]
+    for p in range(ne12 * ld[12]):
+        i12, i13 = p % ne12, p // ne12
+        gemm_q0(A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:], lda, B[i12 * ld[4] + i13 * ld[5]:], ldb,
+                C[i12 * ld[7] + i13 * ld[8]:], ldc, k, m, n, ith, nth)

@@ -165,18 +165,24 @@ def _ld(x):
 def mul_mat_sgemm(node, a, b, d, wdata, nth):
     """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05), decided before any
     thread runs (they depend on types, shapes and nth only): first on src1 as it is when it is
-    contiguous, then, for an F16 weight, on src1 converted to F16 in wdata. None when both
-    decline (the chunk loop computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for
-    S.gemm_planes: flat operands, their strides in elements; convert: src1 goes to wdata first."""
+    contiguous, then, for an F16 or Q8_0 weight, on src1 converted to its vec_dot_type in wdata.
+    None when both decline (the chunk loop computes the node), else (convert, A, B, C, ld, m, n,
+    k, rn, bm) for S.gemm_planes (rn = 0: Q8_0 x Q8_0, for S.gemm_q0_planes; k in blocks): flat
+    operands, their strides in elements (bytes for Q8_0); convert: src1 goes to wdata first."""
     t, tb = node.src[0].type, node.src[1].type
-    if t not in (Type.F32, Type.F16) or d.strides[3] != 4 or a.strides[3] != a.itemsize:
+    if t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4 or a.strides[3] != a.itemsize:
         return None
     (ne03, ne02, ne01, ne00), (ne13, ne12, ne11, ne10) = a.shape, b.shape
-    m, n, k, conv = ne01, ne11, ne00, False
+    q8 = t == Type.Q8_0
+    m, n, k, conv = ne01, ne11, ne10 // 32 if q8 else ne00, False
     plan = S.llamafile_sgemm_plan(m, n, k, nth, t, tb) if b.flags.c_contiguous else None
-    if plan is None and t == Type.F16 and tb != Type.F16 and wdata is not None:   # second try: F16 src1 in wdata
-        plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, Type.F16), True
-        b = wdata[:2 * b.size].view(np.uint16).reshape(b.shape)
+    vdt = Type.Q8_0 if q8 else Type.F16
+    if plan is None and t != Type.F32 and tb == Type.F32 and wdata is not None:   # second try: src1 in wdata
+        plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, vdt), True
+        if q8:
+            b = wdata[:ne13 * ne12 * ne11 * k * 34].reshape(ne13, ne12, ne11, k * 34)
+        else:
+            b = wdata[:2 * b.size].view(np.uint16).reshape(b.shape)
     if plan is None:
         return None
     a, b = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (a, b))
@@ -201,7 +207,9 @@ def _prepare_mul_mat(node, p):
 
     def chunks(ith, nth):
         sg = sgemm(nth)
-        if sg is not None:
+        if sg is not None and sg[-2] == 0:          # Q8_0 x Q8_0: tinyBLAS_Q0's own tiles
+            S.gemm_q0_planes(*sg[1:8], ith, nth)
+        elif sg is not None:
             S.gemm_planes(*sg[1:], counter, ith, nth)
         else:
             V.forward_mul_mat_chunks(t, a, b, d, wdata, counter, ith, nth, owner)
