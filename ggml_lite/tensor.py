@@ -11,18 +11,19 @@ import numpy as np
 
 from ggml_lite.core import GGMLError, check_index, require
 from ggml_lite.context import (  # noqa: F401 (re-exported)
-    MAX_DIMS, MAX_NAME, MAX_OP_PARAMS, MAX_SRC, MEM_ALIGN, OBJECT_SIZE, PAD, TENSOR_SIZE,
-    Context, ObjectType, descriptor_address, free, get_mem_buffer, get_mem_size,
-    get_no_alloc, init, new_object, pool_stamp, pool_stamp_gone, reset, set_no_alloc,
-    tensor_check_alive, tensor_is_alive, tensor_overhead, used_mem)
+    MAX_DIMS, MAX_NAME, MAX_OP_PARAMS, MAX_SRC, MEM_ALIGN, OBJECT_SIZE, PAD,
+    TENSOR_SIZE, Context, ObjectType, descriptor_address, free, get_mem_buffer,
+    get_mem_size, get_no_alloc, init, new_object, pool_stamp, pool_stamp_gone, reset,
+    set_no_alloc, tensor_check_alive, tensor_is_alive, tensor_overhead, used_mem)
 from ggml_lite.context import address as _address, aligned_zeros as _aligned_zeros
 from ggml_lite.context import context_check_alive as _check_alive
 from ggml_lite.layout import (  # noqa: F401 (re-exported)
     are_same_layout, are_same_shape, are_same_stride, can_repeat, can_repeat_rows,
-    element_size, is_3d, is_contiguous, is_contiguous_0, is_contiguous_1, is_contiguous_2,
-    is_contiguous_channels, is_contiguous_rows, is_contiguously_allocated, is_empty,
-    is_matrix, is_padded_1d, is_permuted, is_scalar, is_transposed, is_vector, is_view,
-    n_dims, nbytes, nbytes_pad, nelements, nrows, unravel_index)
+    element_size, is_3d, is_contiguous, is_contiguous_0, is_contiguous_1,
+    is_contiguous_2, is_contiguous_channels, is_contiguous_rows,
+    is_contiguously_allocated, is_empty, is_matrix, is_padded_1d, is_permuted,
+    is_scalar, is_transposed, is_vector, is_view, n_dims, nbytes, nbytes_pad, nelements,
+    nrows, unravel_index)
 from ggml_lite.tensor_data import (  # noqa: F401 (re-exported)
     get_data, get_f32_1d, get_f32_nd, get_i32_1d, host_view, numpy_dtype, set_f32,
     set_f32_1d, set_f32_nd, set_i32, set_i32_1d)
@@ -31,7 +32,8 @@ from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16, is_qua
 
 # %% book/02_tensor.ipynb #tensor-flags
 class TensorFlag(IntFlag):
-    """enum ggml_tensor_flag: roles a tensor plays for the graph, the allocator and the scheduler."""
+    """enum ggml_tensor_flag: roles a tensor plays for the graph, the allocator and the
+    scheduler."""
     INPUT = 1      # an input of the graph: the allocator gives it its own memory
     OUTPUT = 2     # an output: its memory is not reused by later nodes
     PARAM = 4      # a trainable parameter (a leaf that optimisers update)
@@ -44,8 +46,9 @@ _OP_RESHAPE = 36      # GGML_OP_RESHAPE
 _OP_VIEW = 37         # GGML_OP_VIEW
 _OP_PERMUTE = 38      # GGML_OP_PERMUTE
 _OP_TRANSPOSE = 39    # GGML_OP_TRANSPOSE
-_OP_NAMES = {_OP_NONE: "NONE", _OP_RESHAPE: "RESHAPE", _OP_VIEW: "VIEW", _OP_PERMUTE: "PERMUTE",
-             _OP_TRANSPOSE: "TRANSPOSE"}   # for repr: the ops chapter's Op enum names the others
+# for repr: the ops chapter's Op enum names the others
+_OP_NAMES = {_OP_NONE: "NONE", _OP_RESHAPE: "RESHAPE", _OP_VIEW: "VIEW",
+             _OP_PERMUTE: "PERMUTE", _OP_TRANSPOSE: "TRANSPOSE"}
 
 
 def _as_type(t, where):
@@ -58,28 +61,30 @@ def _as_type(t, where):
 class Tensor:
     """struct ggml_tensor: a descriptor of a 4-D block of numbers; it owns no data.
 
-    Made by the constructors of this module (new_tensor_*, view_*, reshape_*, ...) and of the ops
-    module, never directly. `data` is an address (0 = NULL); `t.numpy()` views the bytes there.
+    Made by the constructors of this module (new_tensor_*, view_*, reshape_*, ...) and
+    of the ops module, never directly. `data` is an address (0 = NULL); `t.numpy()`
+    views the bytes there.
     """
 
     def __init__(self, type, ne, nb, ctx=None):
         self.type = type
-        self.buffer = None                         # ggml_backend_buffer, None = context pool
-        self.ne = list(ne)                         # int64_t ne[4]: elements per dimension
+        self.buffer = None  # ggml_backend_buffer, None = context pool
+        self.ne = list(ne)  # int64_t ne[4]: elements per dimension
         self.nb = list(nb)                         # size_t nb[4]: byte strides
         self.op = _OP_NONE                         # enum ggml_op
         self.op_params = np.zeros(MAX_OP_PARAMS // 4, dtype=np.int32)
         self.flags = TensorFlag(0)
         self.src = [None] * MAX_SRC
-        self.view_src = None                       # the root tensor whose bytes this one shows
+        self.view_src = None  # the root tensor whose bytes this one shows
         self.view_offs = 0                         # byte offset into view_src
-        self.data = 0                              # void * data, as an integer; 0 = NULL
+        self.data = 0  # void * data, as an integer; 0 = NULL
         self._name = ""
         self.extra = None                          # backend private
-        self._ctx = ctx                            # the context that made this descriptor
-        # ggml_lite only: the pool generation it was made in ("When a tensor's memory is gone")
+        self._ctx = ctx  # the context that made this descriptor
+        # ggml_lite only: the pool generation it was made in ("When a tensor's memory is
+        # gone")
         self._gen = pool_stamp(ctx)[1] if ctx is not None else 0
-        self._offs = None                          # the descriptor's offset in ctx's pool
+        self._offs = None  # the descriptor's offset in ctx's pool
 
     @property
     def name(self):
@@ -90,7 +95,8 @@ class Tensor:
         self._name = _truncate_name(value)
 
     def numpy(self):
-        """A writable numpy view of the data, shaped (ne3, ne2, ne1, ne0) with nb as strides.
+        """A writable numpy view of the data, shaped (ne3, ne2, ne1, ne0) with nb as
+        strides.
 
         No copy: writing to it writes the tensor. Quantized types give the raw bytes,
         uint8 shaped (ne3, ne2, ne1, row bytes). Raises GGMLError if there is no data.
@@ -99,8 +105,8 @@ class Tensor:
 
     def __repr__(self):
         op = getattr(self.op, "name", None) or _OP_NAMES.get(self.op, self.op)
-        return (f"Tensor(name={self.name!r}, type={type_name(self.type)}, ne={self.ne}, "
-                f"nb={self.nb}, op={op})")
+        return (f"Tensor(name={self.name!r}, type={type_name(self.type)}, "
+                f"ne={self.ne}, nb={self.nb}, op={op})")
 
 # %% book/02_tensor.ipynb #tensor-fresh-strides
 def _fresh_strides(type, ne):
@@ -113,23 +119,29 @@ def _fresh_strides(type, ne):
 
 
 def _check_view(view_src, view_offs, data_size, strided, where):
-    """A view lies inside its source: data_size bytes from view_offs, and, when it has explicit
-    strides (`strided`, a descriptor with the view's ne and nb), its whole extent too."""
+    """A view lies inside its source: data_size bytes from view_offs, and, when it has
+    explicit strides (`strided`, a descriptor with the view's ne and nb), its whole
+    extent too."""
     src_bytes = nbytes(view_src)
-    require(view_offs >= 0 and (data_size == 0 or data_size + view_offs <= src_bytes), where,
+    require(view_offs >= 0 and (data_size == 0 or data_size + view_offs <= src_bytes),
+            where,
             f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
             f"(source '{view_src.name}', ne={view_src.ne})",
-            assertion="view_src == NULL || data_size == 0 || data_size + view_offs <= ggml_nbytes(view_src)")
+            assertion="view_src == NULL || data_size == 0 || data_size + view_offs <= "
+                      "ggml_nbytes(view_src)")
     extent = nbytes(strided) if strided is not None else 0
     require(not extent or view_offs + extent <= src_bytes, where,
-            f"view out of bounds: with nb={strided.nb if strided else None} the view spans {extent} "
-            f"bytes from offset {view_offs}, past the {src_bytes} bytes of '{view_src.name}'")
+            f"view out of bounds: with nb={strided.nb if strided else None} the view "
+            f"spans {extent} bytes from offset {view_offs}, past the {src_bytes} bytes "
+            f"of '{view_src.name}'")
 
 # %% book/02_tensor.ipynb #tensor-new-impl
-def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None, where="new_tensor"):
-    """ggml_new_tensor_impl: a descriptor in ctx (plus its data unless no_alloc or a view).
+def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
+                     where="new_tensor"):
+    """ggml_new_tensor_impl: a descriptor in ctx (and its data, unless no_alloc or a
+    view).
 
-    nb: explicit strides for a view (view_2d/3d/4d); they are checked to stay inside the source.
+    nb: explicit strides for a view (view_2d/3d/4d), checked to stay inside the source.
     """
     _check_alive(ctx)
     type = _as_type(type, where)
@@ -145,19 +157,22 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
         view_src = view_src.view_src
     bs = blck_size(type)
     require(view_src is not None or ne[0] % bs == 0, where,
-            f"ne[0] = {ne[0]} is not a multiple of the block size {bs} of {type_name(type)}")
+            f"ne[0] = {ne[0]} is not a multiple of the block size {bs} of "
+            f"{type_name(type)}")
     data_size = type_size(type) * ne[0] // bs
     for n in ne[1:]:
         data_size *= n
     if view_src is not None:
-        _check_view(view_src, view_offs, data_size, Tensor(type, ne, nb) if nb is not None else None, where)
+        _check_view(view_src, view_offs, data_size,
+                    Tensor(type, ne, nb) if nb is not None else None, where)
     alloc = data_size if view_src is None and not ctx.no_alloc else 0
-    offs = new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, where=where)   # raises before any change
+    offs = new_object(  # raises before any change
+        ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, where=where)
     t = Tensor(type, ne, nb if nb is not None else _fresh_strides(type, ne), ctx)
     t.view_src, t.view_offs = view_src, view_offs
-    t._offs = offs                                   # where the descriptor sits in the pool
+    t._offs = offs  # where the descriptor sits in the pool
     if alloc > 0:
-        t.data = _address(ctx.mem_buffer) + offs + TENSOR_SIZE   # right after the descriptor
+        t.data = _address(ctx.mem_buffer) + offs + TENSOR_SIZE  # after the descriptor
     elif view_src is not None and view_src.data:
         t.data = view_src.data + view_offs
     ctx.objects[-1].payload = t
@@ -166,7 +181,8 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
 
 # %% book/02_tensor.ipynb #tensor-new-tensor
 def new_tensor(ctx, type, n_dims, ne):
-    """ggml_new_tensor: an n_dims-dimensional tensor of `type` with sizes ne[0..n_dims-1]."""
+    """ggml_new_tensor: an n_dims-dimensional tensor of `type` with sizes
+    ne[0..n_dims-1]."""
     return _new_tensor_impl(ctx, type, n_dims, ne)
 
 
@@ -176,7 +192,8 @@ def new_tensor_1d(ctx, type, ne0):
 
 
 def new_tensor_2d(ctx, type, ne0, ne1):
-    """ggml_new_tensor_2d: ne0 is the row length (the fastest dimension), ne1 the number of rows."""
+    """ggml_new_tensor_2d: ne0 is the row length (the fastest dimension), ne1 the number
+    of rows."""
     return _new_tensor_impl(ctx, type, 2, [ne0, ne1], where="new_tensor_2d")
 
 
@@ -191,13 +208,15 @@ def new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3):
 
 
 def dup_tensor(ctx, src):
-    """ggml_dup_tensor: a new tensor with src's type and shape and fresh contiguous strides (no copy)."""
+    """ggml_dup_tensor: a new tensor with src's type and shape and fresh contiguous
+    strides (no copy)."""
     tensor_check_alive(src, "dup_tensor")
     return _new_tensor_impl(ctx, src.type, MAX_DIMS, src.ne, where="dup_tensor")
 
 
 def view_tensor(ctx, src):
-    """ggml_view_tensor: a view of all of src with src's strides, named "<src> (view)". Not an op."""
+    """ggml_view_tensor: a view of all of src with src's strides, named "<src> (view)".
+    Not an op."""
     t = _new_tensor_impl(ctx, src.type, MAX_DIMS, src.ne, src, 0, where="view_tensor")
     format_name(t, "%s (view)", src.name)
     t.nb = list(src.nb)
@@ -215,18 +234,20 @@ def get_name(t):
 
 
 def set_name(t, name):
-    """ggml_set_name; returns t. Unlike ggml, which cuts a name silently, a name longer than
-    63 bytes (GGML_MAX_NAME - 1) raises GGMLError and leaves t's name as it was."""
+    """ggml_set_name; returns t. Unlike ggml, which cuts a name silently, a name longer
+    than 63 bytes (GGML_MAX_NAME - 1) raises GGMLError and leaves t's name as it was."""
     tensor_check_alive(t, "set_name")
     n = len(str(name).encode("utf-8"))
-    require(n <= MAX_NAME - 1, "set_name", f"the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
-                                           f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
+    require(n <= MAX_NAME - 1, "set_name",
+            f"the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
+            f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
     t.name = name
     return t
 
 
 def format_name(t, fmt, *args):
-    """ggml_format_name: printf-style name (Python's % operator), cut to 63 bytes; returns t."""
+    """ggml_format_name: printf-style name (Python's % operator), cut to 63 bytes;
+    returns t."""
     t.name = fmt % args if args else fmt
     return t
 
@@ -238,7 +259,8 @@ def set_input(t):
 
 
 def set_output(t):
-    """ggml_set_output: mark t as an output (the allocator will not reuse its memory)."""
+    """ggml_set_output: mark t as an output (the allocator will not reuse its
+    memory)."""
     tensor_check_alive(t, "set_output")
     t.flags |= TensorFlag.OUTPUT
 
@@ -246,7 +268,8 @@ def set_output(t):
 def set_param(t):
     """ggml_set_param: mark a leaf as a trainable parameter."""
     tensor_check_alive(t, "set_param")
-    require(t.op == _OP_NONE, "set_param", f"'{t.name}' has op {int(t.op)}; only a leaf can be a parameter",
+    require(t.op == _OP_NONE, "set_param",
+            f"'{t.name}' has op {int(t.op)}; only a leaf can be a parameter",
             assertion="tensor->op == GGML_OP_NONE")
     t.flags |= TensorFlag.PARAM
 
@@ -255,12 +278,14 @@ def set_loss(t):
     """ggml_set_loss: mark a scalar F32 tensor as the loss."""
     tensor_check_alive(t, "set_loss")
     require(is_scalar(t) and t.type == Type.F32, "set_loss",
-            f"the loss must be a scalar F32 tensor, '{t.name}' is {type_name(t.type)} with ne={t.ne}")
+            f"the loss must be a scalar F32 tensor, '{t.name}' is {type_name(t.type)} "
+            f"with ne={t.ne}")
     t.flags |= TensorFlag.LOSS
 
 # %% book/02_tensor.ipynb #tensor-op-params
 def set_op_params(t, params):
-    """ggml_set_op_params: copy up to 64 bytes (bytes, or a numpy array's bytes) into op_params."""
+    """ggml_set_op_params: copy up to 64 bytes (bytes, or a numpy array's bytes) into
+    op_params."""
     raw = params.tobytes() if isinstance(params, np.ndarray) else bytes(params)
     require(len(raw) <= MAX_OP_PARAMS, "set_op_params",
             f"{len(raw)} bytes > GGML_MAX_OP_PARAMS = {MAX_OP_PARAMS}")
@@ -288,20 +313,23 @@ def set_op_params_f32(t, i, value):
 
 # %% book/02_tensor.ipynb #tensor-view-impl
 def _view_impl(ctx, a, n_dims, ne, offset, strides, where):
-    """ggml_view_impl: a VIEW of a over ne from byte `offset`, with explicit strides nb[1:] or fresh ones."""
+    """ggml_view_impl: a VIEW of a over ne from byte `offset`, with explicit strides
+    nb[1:] or fresh ones."""
     tensor_check_alive(a, where)
     offset = int(offset)
     nb = None if strides is None else [type_size(a.type)] + [int(s) for s in strides]
     t = _new_tensor_impl(ctx, a.type, n_dims, ne, a, offset, nb=nb, where=where)
     format_name(t, "%s (view)", a.name)
-    set_op_params(t, np.array([offset], dtype=np.uint64))   # size_t offset, relative to a
+    # size_t offset, relative to a
+    set_op_params(t, np.array([offset], dtype=np.uint64))
     t.op = _OP_VIEW
     t.src[0] = a
     return t
 
 
 # the element-count condition of each reshape, as ggml.c writes it
-_RESHAPE_COUNT = {"reshape": "ggml_nelements(a) == ggml_nelements(b)", "reshape_1d": "ggml_nelements(a) == ne0",
+_RESHAPE_COUNT = {"reshape": "ggml_nelements(a) == ggml_nelements(b)",
+                  "reshape_1d": "ggml_nelements(a) == ne0",
                   "reshape_2d": "ggml_nelements(a) == ne0*ne1",
                   "reshape_3d": "ggml_nelements(a) == ne0*ne1*ne2",
                   "reshape_4d": "ggml_nelements(a) == ne0*ne1*ne2*ne3"}
@@ -309,13 +337,15 @@ _RESHAPE_COUNT = {"reshape": "ggml_nelements(a) == ggml_nelements(b)", "reshape_
 
 def _check_reshape(a, ne, where):
     tensor_check_alive(a, where)
-    require(is_contiguous(a), where, f"'{a.name}' has ne={a.ne} nb={a.nb}; make it contiguous first (cont)",
+    require(is_contiguous(a), where,
+            f"'{a.name}' has ne={a.ne} nb={a.nb}; make it contiguous first (cont)",
             assertion="ggml_is_contiguous(a)")
     n = 1
     for x in ne:
         n *= int(x)
     require(nelements(a) == n, where,
-            f"'{a.name}' has {nelements(a)} elements, the shape {[int(x) for x in ne]} has {n}",
+            f"'{a.name}' has {nelements(a)} elements, the shape {[int(x) for x in ne]} "
+            f"has {n}",
             assertion=_RESHAPE_COUNT[where])
 
 
@@ -334,22 +364,27 @@ def view_1d(ctx, a, ne0, offset):
 
 
 def view_2d(ctx, a, ne0, ne1, nb1, offset):
-    """ggml_view_2d: ne1 rows of ne0 elements, rows nb1 bytes apart, from byte `offset` of a."""
-    return _view_impl(ctx, a, 2, [ne0, ne1], offset, [nb1, nb1 * ne1, nb1 * ne1], "view_2d")
+    """ggml_view_2d: ne1 rows of ne0 elements, rows nb1 bytes apart, from byte `offset`
+    of a."""
+    return _view_impl(ctx, a, 2, [ne0, ne1], offset, [nb1, nb1 * ne1, nb1 * ne1],
+                      "view_2d")
 
 
 def view_3d(ctx, a, ne0, ne1, ne2, nb1, nb2, offset):
     """ggml_view_3d: explicit row and plane strides nb1, nb2."""
-    return _view_impl(ctx, a, 3, [ne0, ne1, ne2], offset, [nb1, nb2, nb2 * ne2], "view_3d")
+    return _view_impl(ctx, a, 3, [ne0, ne1, ne2], offset, [nb1, nb2, nb2 * ne2],
+                      "view_3d")
 
 
 def view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
     """ggml_view_4d: all strides explicit."""
-    return _view_impl(ctx, a, 4, [ne0, ne1, ne2, ne3], offset, [nb1, nb2, nb3], "view_4d")
+    return _view_impl(ctx, a, 4, [ne0, ne1, ne2, ne3], offset, [nb1, nb2, nb3],
+                      "view_4d")
 
 # %% book/02_tensor.ipynb #tensor-reshape
 def reshape(ctx, a, b):
-    """ggml_reshape: a's bytes with b's shape (b's layout does not matter); a must be contiguous."""
+    """ggml_reshape: a's bytes with b's shape (b's layout does not matter); a must be
+    contiguous."""
     tensor_check_alive(b, "reshape")
     return _reshape_impl(ctx, a, list(b.ne), "reshape")
 
@@ -375,14 +410,17 @@ def reshape_4d(ctx, a, ne0, ne1, ne2, ne3):
 
 # %% book/02_tensor.ipynb #tensor-permute
 def permute(ctx, a, axis0, axis1, axis2, axis3):
-    """ggml_permute: source dimension i becomes dimension axis_i (ne and nb move together)."""
+    """ggml_permute: source dimension i becomes dimension axis_i (ne and nb move
+    together)."""
     axes = [int(axis0), int(axis1), int(axis2), int(axis3)]
     for i, ax in enumerate(axes):                    # ggml's ten asserts, in its order
-        require(0 <= ax < MAX_DIMS, "permute", f"axes {axes} are not a permutation of 0, 1, 2, 3",
+        require(0 <= ax < MAX_DIMS, "permute",
+                f"axes {axes} are not a permutation of 0, 1, 2, 3",
                 assertion=f"axis{i} >= 0 && axis{i} < GGML_MAX_DIMS")
     for i in range(MAX_DIMS):
         for j in range(i + 1, MAX_DIMS):
-            require(axes[i] != axes[j], "permute", f"axes {axes} are not a permutation of 0, 1, 2, 3",
+            require(axes[i] != axes[j], "permute",
+                    f"axes {axes} are not a permutation of 0, 1, 2, 3",
                     assertion=f"axis{i} != axis{j}")
     t = view_tensor(ctx, a)
     format_name(t, "%s (permuted)", a.name)

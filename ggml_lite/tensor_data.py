@@ -14,26 +14,33 @@ from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16, is_qua
                              type_name, type_size)
 
 # %% book/02_tensor.ipynb #tensor-numpy-dtypes
-_NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": np.uint16,
-                 "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}
-_ELEMENT_TYPES = ("I8", "I16", "I32", "F16", "BF16", "F32")   # what ggml's get/set helpers accept
+_NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64,
+                 "BF16": np.uint16, "I8": np.int8, "I16": np.int16, "I32": np.int32,
+                 "I64": np.int64}
+# what ggml's get/set helpers accept
+_ELEMENT_TYPES = ("I8", "I16", "I32", "F16", "BF16", "F32")
 
 
 def numpy_dtype(type):
-    """The numpy dtype of a plain ggml type's elements (BF16 as its uint16 bits); None if there is none."""
+    """The numpy dtype of a plain ggml type's elements (BF16 as its uint16 bits); None
+    if there is none."""
     return _NUMPY_DTYPES.get(Type(type).name)
 
 
 def _host_bytes(t, where):
-    """The uint8 array that holds t's bytes: a backend buffer's host memory, or a context pool."""
+    """The uint8 array that holds t's bytes: a backend buffer's host memory, or a
+    context pool."""
     root = t.view_src if t.view_src is not None else t
     tensor_check_alive(root, where)
     buffer = t.buffer if t.buffer is not None else root.buffer
     if buffer is not None:
-        # A buffer over host memory offers host_array(), its bytes as a uint8 array: the one thing
-        # this layer asks of the buffers that later chapters write (_host_array: its older name).
-        host_array = getattr(buffer, "host_array", None) or getattr(buffer, "_host_array", None)
-        require(host_array is not None, where, lambda: f"tensor '{t.name}' lives in a buffer without host access")
+        # A buffer over host memory offers host_array(), its bytes as a uint8 array:
+        # the one thing this layer asks of the buffers that later chapters write
+        # (_host_array: its older name).
+        host_array = (getattr(buffer, "host_array", None)
+                      or getattr(buffer, "_host_array", None))
+        require(host_array is not None, where,
+                lambda: f"tensor '{t.name}' lives in a buffer without host access")
         return host_array()
     ctx = root._ctx
     require(ctx is not None and ctx.mem_buffer is not None, where,
@@ -45,12 +52,13 @@ def host_view(t, where="numpy"):
     tensor_check_alive(t, where)
     quantized = is_quantized(t.type)
     dtype = np.uint8 if quantized else numpy_dtype(t.type)
-    require(dtype is not None, where, lambda: f"no numpy dtype for type {type_name(t.type)}")
+    require(dtype is not None, where,
+            lambda: f"no numpy dtype for type {type_name(t.type)}")
     bs = blck_size(t.type)
     if quantized:
         require(t.nb[0] == type_size(t.type) and t.ne[0] % bs == 0, where,
-                lambda: f"the blocks of '{t.name}' are not dense in its rows (ne={t.ne}, nb={t.nb}); "
-                        f"there is no byte view of it")
+                lambda: f"the blocks of '{t.name}' are not dense in its rows "
+                        f"(ne={t.ne}, nb={t.nb}); there is no byte view of it")
         shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // bs * type_size(t.type))
         strides = (t.nb[3], t.nb[2], t.nb[1], 1)
     else:
@@ -58,13 +66,14 @@ def host_view(t, where="numpy"):
         strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0])
     if is_empty(t):
         return np.zeros(shape, dtype=dtype)
-    require(t.data, where, lambda: f"tensor '{t.name}' has no data (data is NULL): it was made in a "
-                                   f"no_alloc context and has not been allocated yet")
+    require(t.data, where,
+            lambda: f"tensor '{t.name}' has no data (data is NULL): it was made in a "
+                    f"no_alloc context and has not been allocated yet")
     pool = _host_bytes(t, where)
     offset = t.data - _address(pool)
     require(offset >= 0 and offset + nbytes(t) <= pool.nbytes, where,
-            lambda: f"the data of '{t.name}' ({nbytes(t)} bytes at offset {offset}) lies outside its "
-                    f"memory ({pool.nbytes} bytes)")
+            lambda: f"the data of '{t.name}' ({nbytes(t)} bytes at offset {offset}) "
+                    f"lies outside its memory ({pool.nbytes} bytes)")
     return np.ndarray(shape, dtype=dtype, buffer=pool, offset=offset, strides=strides)
 
 # %% book/02_tensor.ipynb #tensor-element-access
@@ -114,7 +123,8 @@ def get_f32_1d(t, i):
 
 
 def set_f32_1d(t, i, value):
-    """ggml_set_f32_1d: store float value in logical element i (converted to t's type)."""
+    """ggml_set_f32_1d: store float value in logical element i (converted to t's
+    type)."""
     a = _element_array(t, "set_f32_1d")
     a[_flat_index(t, i, "set_f32_1d")] = _to_storage(t, np.float32(value))
 
@@ -149,7 +159,8 @@ def set_f32_nd(t, i0, i1, i2, i3, value):
 
 
 def set_f32(t, value):
-    """ggml_set_f32: every element of t set to value (converted to t's type); returns t."""
+    """ggml_set_f32: every element of t set to value (converted to t's type); returns
+    t."""
     _element_array(t, "set_f32")[...] = _to_storage(t, np.float32(value))
     return t
 
