@@ -7,7 +7,8 @@ __all__ = []
 import struct
 
 from ggml_lite.core import GGMLError
-from ggml_lite.tensor import Tensor, dup_tensor, set_op_params, tensor_check_alive, view_tensor
+from ggml_lite.tensor import (Tensor, dup_tensor, set_op_params, tensor_check_alive,
+                              view_tensor)
 
 # %% book/03_ops.ipynb #ops-check
 def ne_str(t):
@@ -15,19 +16,23 @@ def ne_str(t):
 
 
 def alive(where, *tensors, names="abc"):
-    """Every operand is a Tensor whose memory is still there (tensor chapter: when a tensor's memory
-    is gone). `names`: the operands' names in ggml.h, in order, for the message."""
+    """Every operand is a Tensor whose memory is still there (tensor chapter: when a
+    tensor's memory is gone). `names`: the operands' names in ggml.h, in order, for the
+    message."""
     for name, t in zip(names, tensors):
         if t is None:
             continue
-        if not isinstance(t, Tensor):               # e.g. a numpy array where a tensor belongs
-            raise GGMLError(f"{where}: argument {name} is a {type(t).__module__}.{type(t).__qualname__}, not a "
-                            f"ggml tensor (make one with new_tensor_*d and copy the values into it)")
+        if not isinstance(t, Tensor):  # e.g. a numpy array where a tensor belongs
+            raise GGMLError(f"{where}: argument {name} is a "
+                            f"{type(t).__module__}.{type(t).__qualname__}, not a ggml "
+                            f"tensor (make one with new_tensor_*d and copy the values "
+                            f"into it)")
         tensor_check_alive(t, where)
 
 # %% book/03_ops.ipynb #ops-check-2
 def as_enum(kind, value, where):
-    """An enum argument as ggml's enum, or a GGMLError naming it (ggml takes any int here)."""
+    """An enum argument as ggml's enum, or a GGMLError naming it (ggml takes any int
+    here)."""
     member = next((m for m in kind if m == value), None)
     if member is None or member.name == "COUNT":
         raise GGMLError(f"{where}: {value!r} is not a {kind.__name__}")
@@ -35,7 +40,8 @@ def as_enum(kind, value, where):
 
 
 def result_for(ctx, a, inplace):
-    """The result descriptor of an element-wise op: a view of a (in place) or a fresh twin of a."""
+    """The result descriptor of an element-wise op: a view of a (in place) or a fresh
+    twin of a."""
     return view_tensor(ctx, a) if inplace else dup_tensor(ctx, a)
 
 
@@ -45,5 +51,6 @@ def record(result, op, *src):
 
 
 def pack(result, fmt, *values):
-    """Lay values into op_params as C does with memcpy (little-endian int32/float32 words)."""
+    """Lay values into op_params as C does with memcpy (little-endian int32/float32
+    words)."""
     set_op_params(result, struct.pack("<" + fmt, *values))

@@ -15,15 +15,17 @@ from ggml_lite.ops_copy import (  # noqa: F401 (re-exported)
     cast, cont, cont_1d, cont_2d, cont_3d, cont_4d, cpy, dup, dup_inplace, get_rows,
     set_rows)
 from ggml_lite.tensor import (MAX_DIMS, can_repeat, is_contiguous, is_contiguous_1,
-                              is_contiguous_rows, is_padded_1d, is_transposed, is_vector,
-                              new_tensor, new_tensor_1d, new_tensor_4d, set_op_params_i32)
+                              is_contiguous_rows, is_padded_1d, is_transposed,
+                              is_vector, new_tensor, new_tensor_1d, new_tensor_4d,
+                              set_op_params_i32)
 from ggml_lite.types import Type, type_name
 
 # %% book/03_ops.ipynb #ops-scale-norm
 def _scale_impl(ctx, a, s, b, inplace, where):
     alive(where, a)
-    require(is_padded_1d(a), where, lambda: f"a.ne={ne_str(a)} nb={a.nb}: rows must be dense and dims 2, 3 packed",
-            assertion="ggml_is_padded_1d(a)")
+    require(is_padded_1d(a), where,
+            lambda: f"a.ne={ne_str(a)} nb={a.nb}: rows must be dense and dims 2, 3 "
+                    "packed", assertion="ggml_is_padded_1d(a)")
     result = result_for(ctx, a, inplace)
     pack(result, "ff", s, b)
     return record(result, Op.SCALE, a)
@@ -57,7 +59,8 @@ def _norm_impl(ctx, a, eps, op, inplace):
 
 
 def norm(ctx, a, eps):
-    """ggml_norm: each row to zero mean and unit variance, (x - mean) / sqrt(var + eps)."""
+    """ggml_norm: each row to zero mean and unit variance, (x - mean) / sqrt(var +
+    eps)."""
     return _norm_impl(ctx, a, eps, Op.NORM, False)
 
 
@@ -67,7 +70,8 @@ def norm_inplace(ctx, a, eps):
 
 
 def rms_norm(ctx, a, eps):
-    """ggml_rms_norm: each row divided by its root mean square, x / sqrt(mean(x²) + eps)."""
+    """ggml_rms_norm: each row divided by its root mean square, x / sqrt(mean(x²) +
+    eps)."""
     return _norm_impl(ctx, a, eps, Op.RMS_NORM, False)
 
 
@@ -80,18 +84,21 @@ def _binary(ctx, a, b, op, inplace, where):
     alive(where, a, b)
     require(can_repeat(b, a), where,
             lambda: f"b.ne={ne_str(b)} does not repeat into a.ne={ne_str(a)} "
-            f"(every a.ne[i] must be a multiple of b.ne[i]; b is broadcast into a, not a into b)",
+                    "(every a.ne[i] must be a multiple of b.ne[i]; b is broadcast into "
+                    "a, not a into b)",
             assertion="ggml_can_repeat(b, a)")
     return record(result_for(ctx, a, inplace), op, a, b)
 
 
 def add(ctx, a, b):
-    """ggml_add: a + b, b broadcast into a by modulo; the result has a's type and shape."""
+    """ggml_add: a + b, b broadcast into a by modulo; the result has a's type and
+    shape."""
     return _binary(ctx, a, b, Op.ADD, False, "add")
 
 
 def add_inplace(ctx, a, b):
-    """ggml_add_inplace: like add, the result is a view of a (it overwrites a's memory)."""
+    """ggml_add_inplace: like add, the result is a view of a (it overwrites a's
+    memory)."""
     return _binary(ctx, a, b, Op.ADD, True, "add_inplace")
 
 
@@ -126,17 +133,20 @@ def div_inplace(ctx, a, b):
 
 # %% book/03_ops.ipynb #ops-matmul
 def mul_mat(ctx, a, b):
-    """ggml_mul_mat: rows of a dotted with rows of b; F32 [a.ne1, b.ne1, b.ne2, b.ne3]. a (often the
-    weight, any type) is broadcast over dims 2 and 3 by integer division and must not be transposed."""
+    """ggml_mul_mat: rows of a dotted with rows of b; F32 [a.ne1, b.ne1, b.ne2, b.ne3].
+    a (often the weight, any type) is broadcast over dims 2 and 3 by integer division
+    and must not be transposed."""
     alive("mul_mat", a, b)
     ok = (a.ne[0] == b.ne[0] and a.ne[2] > 0 and a.ne[3] > 0
           and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0)
     require(ok, "mul_mat",
-            lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}: need a.ne[0] == b.ne[0] (the shared row length) "
-            f"and b.ne[2], b.ne[3] multiples of a.ne[2], a.ne[3]",
+            lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}: need a.ne[0] == b.ne[0] "
+                    f"(the shared row length) and b.ne[2], b.ne[3] multiples of "
+                    f"a.ne[2], a.ne[3]",
             assertion="ggml_can_mul_mat(a, b)")
     require(not is_transposed(a), "mul_mat",
-            lambda: f"a.ne={ne_str(a)} has nb={a.nb} (nb[0] > nb[1]); make it contiguous first (cont)",
+            lambda: f"a.ne={ne_str(a)} has nb={a.nb} (nb[0] > nb[1]); make it "
+                    "contiguous first (cont)",
             assertion="!ggml_is_transposed(a)")
     result = new_tensor_4d(ctx, Type.F32, a.ne[1], b.ne[1], b.ne[2], b.ne[3])
     return record(result, Op.MUL_MAT, a, b)
@@ -145,7 +155,8 @@ def mul_mat(ctx, a, b):
 def mul_mat_set_prec(a, prec):
     """ggml_mul_mat_set_prec: ask the backend for F32 accumulation (op_params[0])."""
     alive("mul_mat_set_prec", a)
-    require(a.op == Op.MUL_MAT, "mul_mat_set_prec", lambda: f"'{a.name}' has op {op_name(a.op)}",
+    require(a.op == Op.MUL_MAT, "mul_mat_set_prec",
+            lambda: f"'{a.name}' has op {op_name(a.op)}",
             assertion="a->op == GGML_OP_MUL_MAT")
     set_op_params_i32(a, 0, int(as_enum(Prec, prec, "mul_mat_set_prec")))
 
@@ -155,77 +166,94 @@ def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq
     alive(where, a, b, c)
     require(mode & 1 == 0, where, lambda: f"mode = {mode}",
             assertion='(mode & 1) == 0 && "mode & 1 == 1 is no longer supported"')
-    require(is_vector(b), where, lambda: f"the positions have ne={ne_str(b)}", assertion="ggml_is_vector(b)")
+    require(is_vector(b), where, lambda: f"the positions have ne={ne_str(b)}",
+            assertion="ggml_is_vector(b)")
     require(b.type == Type.I32, where, lambda: f"the positions are {type_name(b.type)}",
             assertion="b->type == GGML_TYPE_I32")
     mrope = bool(mode & ROPE_TYPE_MROPE)
     per_token = 4 if mrope else 1
     require(a.ne[2] * per_token == b.ne[0], where,
-            lambda: f"a.ne={ne_str(a)} has {a.ne[2]} tokens (dim 2) but b has {b.ne[0]} positions",
+            lambda: f"a.ne={ne_str(a)} has {a.ne[2]} tokens (dim 2) but b has "
+                    f"{b.ne[0]} positions",
             assertion="a->ne[2] * 4 == b->ne[0]" if mrope else "a->ne[2] == b->ne[0]")
     if c is not None:
-        require(c.type == Type.F32, where, lambda: f"the frequency factors are {type_name(c.type)}",
+        require(c.type == Type.F32, where,
+                lambda: f"the frequency factors are {type_name(c.type)}",
                 assertion="c->type == GGML_TYPE_F32")
-        require(c.ne[0] >= n_dims // 2, where, lambda: f"{c.ne[0]} frequency factors for n_dims = {n_dims}",
+        require(c.ne[0] >= n_dims // 2, where,
+                lambda: f"{c.ne[0]} frequency factors for n_dims = {n_dims}",
                 assertion="c->ne[0] >= n_dims / 2")
     result = result_for(ctx, a, inplace)
-    sections = list(sections) if (mrope and sections is not None) else [0] * MROPE_SECTIONS
-    pack(result, "5i6f4i", 0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale, ext_factor,
+    sections = list(sections) if (mrope
+                                  and sections is not None) else [0] * MROPE_SECTIONS
+    pack(result, "5i6f4i", 0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale,
+         ext_factor,
           attn_factor, beta_fast, beta_slow, *sections)
     return record(result, Op.ROPE, a, b, c)
 
 # %% book/03_ops.ipynb #ops-rope-2
 def rope(ctx, a, b, n_dims, mode):
     """ggml_rope: rotary position embedding with base 10000 and no scaling."""
-    return _rope_impl(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0,
-                      False, "rope")
+    return _rope_impl(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0,
+                      0.0, 0.0, False, "rope")
 
 
 def rope_inplace(ctx, a, b, n_dims, mode):
     """ggml_rope_inplace"""
-    return _rope_impl(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0,
-                      True, "rope_inplace")
+    return _rope_impl(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0,
+                      0.0, 0.0, True, "rope_inplace")
 
 
 def rope_ext(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
              attn_factor, beta_fast, beta_slow):
-    """ggml_rope_ext: RoPE with frequency factors c (or None) and YaRN scaling parameters."""
-    return _rope_impl(ctx, a, b, c, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale,
-                      ext_factor, attn_factor, beta_fast, beta_slow, False, "rope_ext")
+    """ggml_rope_ext: RoPE with frequency factors c (or None) and YaRN scaling
+    parameters."""
+    return _rope_impl(ctx, a, b, c, n_dims, None, mode, n_ctx_orig, freq_base,
+                      freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, False,
+                      "rope_ext")
 
 
-def rope_ext_inplace(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
-                     attn_factor, beta_fast, beta_slow):
+def rope_ext_inplace(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+                     ext_factor, attn_factor, beta_fast, beta_slow):
     """ggml_rope_ext_inplace"""
-    return _rope_impl(ctx, a, b, c, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale,
-                      ext_factor, attn_factor, beta_fast, beta_slow, True, "rope_ext_inplace")
+    return _rope_impl(ctx, a, b, c, n_dims, None, mode, n_ctx_orig, freq_base,
+                      freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, True,
+                      "rope_ext_inplace")
 
 
 def rope_multi(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale,
                ext_factor, attn_factor, beta_fast, beta_slow):
-    """ggml_rope_multi: multi-section RoPE (mode ROPE_TYPE_MROPE/VISION), 4 positions per token."""
-    return _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale,
-                      ext_factor, attn_factor, beta_fast, beta_slow, False, "rope_multi")
+    """ggml_rope_multi: multi-section RoPE (mode ROPE_TYPE_MROPE/VISION), 4 positions
+    per token."""
+    return _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base,
+                      freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, False,
+                      "rope_multi")
 
 # %% book/03_ops.ipynb #ops-softmax
 def _soft_max_impl(ctx, a, mask, scale, max_bias, inplace, where):
     alive(where, a, mask, names=("a", "mask"))
-    require(is_contiguous(a), where, lambda: f"a.ne={ne_str(a)} nb={a.nb}", assertion="ggml_is_contiguous(a)")
+    require(is_contiguous(a), where, lambda: f"a.ne={ne_str(a)} nb={a.nb}",
+            assertion="ggml_is_contiguous(a)")
     if mask is not None:
-        require(mask.type in (Type.F16, Type.F32), where, lambda: f"the mask is {type_name(mask.type)}",
+        require(mask.type in (Type.F16, Type.F32), where,
+                lambda: f"the mask is {type_name(mask.type)}",
                 assertion="mask->type == GGML_TYPE_F16 || mask->type == GGML_TYPE_F32")
-        require(is_contiguous(mask), where, lambda: f"mask.ne={ne_str(mask)} nb={mask.nb}",
+        require(is_contiguous(mask), where,
+                lambda: f"mask.ne={ne_str(mask)} nb={mask.nb}",
                 assertion="ggml_is_contiguous(mask)")
-        require(mask.ne[0] == a.ne[0], where, lambda: f"mask.ne={ne_str(mask)}, a.ne={ne_str(a)}",
+        require(mask.ne[0] == a.ne[0], where,
+                lambda: f"mask.ne={ne_str(mask)}, a.ne={ne_str(a)}",
                 assertion="mask->ne[0] == a->ne[0]")
-        require(mask.ne[1] >= a.ne[1], where, lambda: f"mask.ne={ne_str(mask)} has fewer rows than a.ne={ne_str(a)}",
+        require(mask.ne[1] >= a.ne[1], where,
+                lambda: f"mask.ne={ne_str(mask)} has fewer rows than a.ne={ne_str(a)}",
                 assertion="mask->ne[1] >= a->ne[1]")
-        for d in (2, 3):          # a zero divisor is refused too (ggml dies of SIGFPE there)
+        for d in (2, 3):  # a zero divisor is refused too (ggml dies of SIGFPE there)
             require(mask.ne[d] > 0 and a.ne[d] % mask.ne[d] == 0, where,
-                    lambda: f"mask.ne={ne_str(mask)} does not broadcast over a.ne={ne_str(a)} in dim {d}",
+                    lambda: f"mask.ne={ne_str(mask)} does not broadcast over "
+                            f"a.ne={ne_str(a)} in dim {d}",
                     assertion=f"a->ne[{d}]%mask->ne[{d}] == 0")
-    require(max_bias <= 0.0 or mask is not None, where, lambda: f"max_bias = {max_bias} > 0 (ALiBi) needs a mask",
-            assertion="mask")
+    require(max_bias <= 0.0 or mask is not None, where,
+            lambda: f"max_bias = {max_bias} > 0 (ALiBi) needs a mask", assertion="mask")
     result = result_for(ctx, a, inplace)
     pack(result, "ff", scale, max_bias)
     return record(result, Op.SOFT_MAX, a, mask)
@@ -242,7 +270,8 @@ def soft_max_inplace(ctx, a):
 
 
 def soft_max_ext(ctx, a, mask, scale, max_bias):
-    """ggml_soft_max_ext: softmax(a*scale + slope*mask) per row; mask optional (None)."""
+    """ggml_soft_max_ext: softmax(a*scale + slope*mask) per row; mask optional
+    (None)."""
     return _soft_max_impl(ctx, a, mask, scale, max_bias, False, "soft_max_ext")
 
 
@@ -252,18 +281,22 @@ def soft_max_ext_inplace(ctx, a, mask, scale, max_bias):
 
 # %% book/03_ops.ipynb #ops-softmax-sinks
 def soft_max_add_sinks(a, sinks):
-    """ggml_soft_max_add_sinks: one extra logit per head in the denominator (src[2]); None removes it."""
+    """ggml_soft_max_add_sinks: one extra logit per head in the denominator (src[2]);
+    None removes it."""
     alive("soft_max_add_sinks", a, sinks, names=("a", "sinks"))
     if sinks is None:
         a.src[2] = None
         return
-    require(a.op == Op.SOFT_MAX, "soft_max_add_sinks", lambda: f"'{a.name}' has op {op_name(a.op)}",
+    require(a.op == Op.SOFT_MAX, "soft_max_add_sinks",
+            lambda: f"'{a.name}' has op {op_name(a.op)}",
             assertion="a->op == GGML_OP_SOFT_MAX")
-    require(a.src[2] is None, "soft_max_add_sinks", "sinks already set", assertion="a->src[2] == NULL")
+    require(a.src[2] is None, "soft_max_add_sinks", "sinks already set",
+            assertion="a->src[2] == NULL")
     require(a.src[0].ne[2] == sinks.ne[0], "soft_max_add_sinks",
             lambda: f"{a.src[0].ne[2]} heads but {sinks.ne[0]} sinks",
             assertion="a->src[0]->ne[2] == sinks->ne[0]")
-    require(sinks.type == Type.F32, "soft_max_add_sinks", lambda: f"the sinks are {type_name(sinks.type)}",
+    require(sinks.type == Type.F32, "soft_max_add_sinks",
+            lambda: f"the sinks are {type_name(sinks.type)}",
             assertion="sinks->type == GGML_TYPE_F32")
     a.src[2] = sinks
 
@@ -288,7 +321,8 @@ def diag_mask_inf_inplace(ctx, a, n_past):
 def _unary_impl(ctx, a, op, inplace, where="unary"):
     alive(where, a)
     op = as_enum(UnaryOp, op, where)
-    require(is_contiguous_rows(a), where, lambda: f"a.ne={ne_str(a)} nb={a.nb}: rows must be dense",
+    require(is_contiguous_rows(a), where,
+            lambda: f"a.ne={ne_str(a)} nb={a.nb}: rows must be dense",
             assertion="ggml_is_contiguous_rows(a)")
     result = result_for(ctx, a, inplace)
     pack(result, "i", op)
@@ -338,11 +372,14 @@ def relu(ctx, a):
 def _glu_impl(ctx, a, b, op, swapped, where):
     alive(where, a, b)
     op = as_enum(GluOp, op, where)
-    require(is_contiguous_1(a), where, lambda: f"a.ne={ne_str(a)} nb={a.nb}", assertion="ggml_is_contiguous_1(a)")
+    require(is_contiguous_1(a), where, lambda: f"a.ne={ne_str(a)} nb={a.nb}",
+            assertion="ggml_is_contiguous_1(a)")
     if b is not None:
-        require(is_contiguous_1(b), where, lambda: f"b.ne={ne_str(b)} nb={b.nb}", assertion="ggml_is_contiguous_1(b)")
+        require(is_contiguous_1(b), where, lambda: f"b.ne={ne_str(b)} nb={b.nb}",
+                assertion="ggml_is_contiguous_1(b)")
         require_same_shape(a, b, where)
-        require(a.type == b.type, where, lambda: f"{type_name(a.type)} and {type_name(b.type)}",
+        require(a.type == b.type, where,
+                lambda: f"{type_name(a.type)} and {type_name(b.type)}",
                 assertion="a->type == b->type")
     ne = list(a.ne) if b is not None else [a.ne[0] // 2] + list(a.ne[1:])
     result = new_tensor(ctx, a.type, MAX_DIMS, ne)
@@ -366,7 +403,8 @@ def swiglu(ctx, a):
 
 
 def swiglu_split(ctx, a, b):
-    """ggml_swiglu_split: silu(a) * b, the FFN of llama (a = gate projection, b = up projection)."""
+    """ggml_swiglu_split: silu(a) * b, the FFN of llama (a = gate projection, b = up
+    projection)."""
     return _glu_impl(ctx, a, b, GluOp.SWIGLU, False, "swiglu_split")
 
 
@@ -375,22 +413,46 @@ def geglu_split(ctx, a, b):
     return _glu_impl(ctx, a, b, GluOp.GEGLU, False, "geglu_split")
 
 # %% book/03_ops.ipynb #ops-glu-family
-def reglu(ctx, a):                return _glu_impl(ctx, a, None, GluOp.REGLU, False, "reglu")
-def reglu_swapped(ctx, a):        return _glu_impl(ctx, a, None, GluOp.REGLU, True, "reglu_swapped")
-def geglu(ctx, a):                return _glu_impl(ctx, a, None, GluOp.GEGLU, False, "geglu")
-def geglu_swapped(ctx, a):        return _glu_impl(ctx, a, None, GluOp.GEGLU, True, "geglu_swapped")
-def swiglu_swapped(ctx, a):       return _glu_impl(ctx, a, None, GluOp.SWIGLU, True, "swiglu_swapped")
-def geglu_erf(ctx, a):            return _glu_impl(ctx, a, None, GluOp.GEGLU_ERF, False, "geglu_erf")
-def geglu_erf_swapped(ctx, a):    return _glu_impl(ctx, a, None, GluOp.GEGLU_ERF, True, "geglu_erf_swapped")
-def geglu_quick(ctx, a):          return _glu_impl(ctx, a, None, GluOp.GEGLU_QUICK, False, "geglu_quick")
-def geglu_quick_swapped(ctx, a):  return _glu_impl(ctx, a, None, GluOp.GEGLU_QUICK, True, "geglu_quick_swapped")
-def reglu_split(ctx, a, b):       return _glu_impl(ctx, a, b, GluOp.REGLU, False, "reglu_split")
-def geglu_erf_split(ctx, a, b):   return _glu_impl(ctx, a, b, GluOp.GEGLU_ERF, False, "geglu_erf_split")
-def geglu_quick_split(ctx, a, b): return _glu_impl(ctx, a, b, GluOp.GEGLU_QUICK, False, "geglu_quick_split")
+def reglu(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.REGLU, False, "reglu")
+
+def reglu_swapped(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.REGLU, True, "reglu_swapped")
+
+def geglu(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.GEGLU, False, "geglu")
+
+def geglu_swapped(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.GEGLU, True, "geglu_swapped")
+
+def swiglu_swapped(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.SWIGLU, True, "swiglu_swapped")
+
+def geglu_erf(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.GEGLU_ERF, False, "geglu_erf")
+
+def geglu_erf_swapped(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.GEGLU_ERF, True, "geglu_erf_swapped")
+
+def geglu_quick(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.GEGLU_QUICK, False, "geglu_quick")
+
+def geglu_quick_swapped(ctx, a):
+    return _glu_impl(ctx, a, None, GluOp.GEGLU_QUICK, True, "geglu_quick_swapped")
+
+def reglu_split(ctx, a, b):
+    return _glu_impl(ctx, a, b, GluOp.REGLU, False, "reglu_split")
+
+def geglu_erf_split(ctx, a, b):
+    return _glu_impl(ctx, a, b, GluOp.GEGLU_ERF, False, "geglu_erf_split")
+
+def geglu_quick_split(ctx, a, b):
+    return _glu_impl(ctx, a, b, GluOp.GEGLU_QUICK, False, "geglu_quick_split")
 
 
 def swiglu_oai(ctx, a, b, alpha, limit):
-    """ggml_swiglu_oai: min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + 1)."""
+    """ggml_swiglu_oai: min(a, limit) * sigmoid(alpha * min(a, limit))
+    * (clamp(b, -limit, limit) + 1)."""
     result = _glu_impl(ctx, a, b, GluOp.SWIGLU_OAI, False, "swiglu_oai")
     pack(result, "iiff", GluOp.SWIGLU_OAI, 0, alpha, limit)
     return result
@@ -405,7 +467,8 @@ def sum(ctx, a):
 def sum_rows(ctx, a):
     """ggml_sum_rows: the sum of each row, [1, ne1, ne2, ne3]."""
     alive("sum_rows", a)
-    return record(new_tensor(ctx, a.type, MAX_DIMS, [1] + list(a.ne[1:])), Op.SUM_ROWS, a)
+    return record(new_tensor(ctx, a.type, MAX_DIMS, [1] + list(a.ne[1:])), Op.SUM_ROWS,
+                  a)
 
 
 def mean(ctx, a):
@@ -417,7 +480,8 @@ def mean(ctx, a):
 def repeat(ctx, a, b):
     """ggml_repeat: a tiled to b's shape (a must repeat into b)."""
     alive("repeat", a, b)
-    require(can_repeat(a, b), "repeat", lambda: f"a.ne={ne_str(a)} does not repeat into b.ne={ne_str(b)}",
+    require(can_repeat(a, b), "repeat",
+            lambda: f"a.ne={ne_str(a)} does not repeat into b.ne={ne_str(b)}",
             assertion="ggml_can_repeat(a, b)")
     return record(new_tensor(ctx, a.type, MAX_DIMS, b.ne), Op.REPEAT, a)
 
@@ -426,20 +490,25 @@ def repeat_4d(ctx, a, ne0, ne1, ne2, ne3):
     """ggml_repeat_4d: a tiled to the shape [ne0, ne1, ne2, ne3]."""
     alive("repeat_4d", a)
     ne = [ne0, ne1, ne2, ne3]
-    ok = any(n == 0 for n in a.ne) or all(a.ne[i] and ne[i] % a.ne[i] == 0 for i in range(MAX_DIMS))
-    require(ok, "repeat_4d", lambda: f"a.ne={ne_str(a)} does not repeat into {ne}", assertion="can_repeat")
+    ok = any(n == 0 for n in a.ne) or all(a.ne[i] and ne[i] % a.ne[i] == 0
+                                          for i in range(MAX_DIMS))
+    require(ok, "repeat_4d", lambda: f"a.ne={ne_str(a)} does not repeat into {ne}",
+            assertion="can_repeat")
     return record(new_tensor_4d(ctx, a.type, *ne), Op.REPEAT, a)
 
 
 def concat(ctx, a, b, dim):
     """ggml_concat: a and b joined along dimension dim."""
     alive("concat", a, b)
-    require(0 <= dim < MAX_DIMS, "concat", lambda: f"dim = {dim}", assertion="dim >= 0 && dim < GGML_MAX_DIMS")
-    require(a.type == b.type, "concat", lambda: f"{type_name(a.type)} and {type_name(b.type)}",
+    require(0 <= dim < MAX_DIMS, "concat", lambda: f"dim = {dim}",
+            assertion="dim >= 0 && dim < GGML_MAX_DIMS")
+    require(a.type == b.type, "concat",
+            lambda: f"{type_name(a.type)} and {type_name(b.type)}",
             assertion="a->type == b->type")
     for d in range(MAX_DIMS):
         require(d == dim or a.ne[d] == b.ne[d], "concat",
-                lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)} differ in dim {d} (joining along dim {dim})",
+                lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)} differ in dim {d} "
+                        f"(joining along dim {dim})",
                 assertion="a->ne[d] == b->ne[d]")
     ne = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(MAX_DIMS)]
     result = new_tensor(ctx, a.type, MAX_DIMS, ne)

@@ -13,14 +13,19 @@ from ggml_lite.types import Type, type_name
 
 # %% book/03_ops.ipynb #ops-rows
 def get_rows(ctx, a, b):
-    """ggml_get_rows: rows of a picked by the I32 indices b; F32 (I32 for I32 a) [a.ne0, b.ne0, b.ne1, b.ne2]."""
+    """ggml_get_rows: rows of a picked by the I32 indices b; F32 (I32 for I32 a) [a.ne0,
+    b.ne0, b.ne1, b.ne2]."""
     alive("get_rows", a, b)
-    require(a.ne[2] == b.ne[1], "get_rows", lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}",
+    require(a.ne[2] == b.ne[1], "get_rows",
+            lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}",
             assertion="a->ne[2] == b->ne[1]")
-    require(a.ne[3] == b.ne[2], "get_rows", lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}",
+    require(a.ne[3] == b.ne[2], "get_rows",
+            lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}",
             assertion="a->ne[3] == b->ne[2]")
-    require(b.ne[3] == 1, "get_rows", lambda: f"b.ne={ne_str(b)}", assertion="b->ne[3] == 1")
-    require(b.type == Type.I32, "get_rows", lambda: f"the indices are {type_name(b.type)}",
+    require(b.ne[3] == 1, "get_rows", lambda: f"b.ne={ne_str(b)}",
+            assertion="b->ne[3] == 1")
+    require(b.type == Type.I32, "get_rows",
+            lambda: f"the indices are {type_name(b.type)}",
             assertion="b->type == GGML_TYPE_I32")
     rtype = Type.I32 if a.type == Type.I32 else Type.F32
     result = new_tensor_4d(ctx, rtype, a.ne[0], b.ne[0], b.ne[1], b.ne[2])
@@ -28,27 +33,35 @@ def get_rows(ctx, a, b):
 
 # %% book/03_ops.ipynb #ops-set-rows
 def set_rows(ctx, a, b, c):
-    """ggml_set_rows: row i of the F32 rows b written into row c[i] of a, converted to a's type,
-    for every slice (i2, i3) (c broadcast over them); the result is a view of a (it writes a).
-    a [ne0, ne1, ne2, ne3], b [ne0, n_rows, ne2, ne3], c I64 or I32 [n_rows, ne11, ne12, 1]."""
+    """ggml_set_rows: row i of the F32 rows b written into row c[i] of a, converted to
+    a's type, for every slice (i2, i3) (c broadcast over them); the result is a view
+    of a (it writes a). a [ne0, ne1, ne2, ne3], b [ne0, n_rows, ne2, ne3], c I64 or
+    I32 [n_rows, ne11, ne12, 1]."""
     alive("set_rows", a, b, c)
-    shapes = lambda: f"a.ne={ne_str(a)}, b.ne={ne_str(b)}, c.ne={ne_str(c)}"          # noqa: E731
+    def shapes():
+        return f"a.ne={ne_str(a)}, b.ne={ne_str(b)}, c.ne={ne_str(c)}"
     for ok, assertion in ((a.ne[0] == b.ne[0], "a->ne[0] == b->ne[0]"),
                           (a.ne[2] == b.ne[2], "a->ne[2] == b->ne[2]"),
                           (a.ne[3] == b.ne[3], "a->ne[3] == b->ne[3]"),
                           (b.ne[1] == c.ne[0], "b->ne[1] == c->ne[0]"),
-                          (c.ne[1] > 0 and b.ne[2] % c.ne[1] == 0, "b->ne[2] % c->ne[1] == 0"),
-                          (c.ne[2] > 0 and b.ne[3] % c.ne[2] == 0, "b->ne[3] % c->ne[2] == 0"),
+                          (c.ne[1] > 0 and b.ne[2] % c.ne[1] == 0,
+                           "b->ne[2] % c->ne[1] == 0"),
+                          (c.ne[2] > 0 and b.ne[3] % c.ne[2] == 0,
+                           "b->ne[3] % c->ne[2] == 0"),
                           (c.ne[3] == 1, "c->ne[3] == 1")):
         require(ok, "set_rows", shapes, assertion=assertion)
-    require(b.type == Type.F32, "set_rows", lambda: f"the rows b are {type_name(b.type)}",
+    require(b.type == Type.F32, "set_rows",
+            lambda: f"the rows b are {type_name(b.type)}",
             assertion="b->type == GGML_TYPE_F32")
-    require(c.type in (Type.I64, Type.I32), "set_rows", lambda: f"the indices c are {type_name(c.type)}",
+    require(c.type in (Type.I64, Type.I32), "set_rows",
+            lambda: f"the indices c are {type_name(c.type)}",
             assertion="c->type == GGML_TYPE_I64 || c->type == GGML_TYPE_I32")
     for name, t in (("a", a), ("b", b)):
-        require(is_contiguous_rows(t), "set_rows", lambda: f"{name}.nb={t.nb}: {name}'s rows must be dense",
+        require(is_contiguous_rows(t), "set_rows",
+                lambda: f"{name}.nb={t.nb}: {name}'s rows must be dense",
                 assertion=f"ggml_is_contiguous_rows({name})")
-    # src[2] = a: ggml's order, "weird due to legacy reasons" (ggml.c); the result views a anyway
+    # src[2] = a: ggml's order, "weird due to legacy reasons" (ggml.c); the result views
+    # a anyway
     return record(view_tensor(ctx, a), Op.SET_ROWS, b, c, a)
 
 # %% book/03_ops.ipynb #ops-cpy
@@ -65,10 +78,12 @@ def dup_inplace(ctx, a):
 
 
 def cpy(ctx, a, b):
-    """ggml_cpy: a converted into b's type and layout; the result is a view of b (it writes b)."""
+    """ggml_cpy: a converted into b's type and layout; the result is a view of b (it
+    writes b)."""
     alive("cpy", a, b)
     require(nelements(a) == nelements(b), "cpy",
-            lambda: f"a.ne={ne_str(a)} has {nelements(a)} elements, b.ne={ne_str(b)} has {nelements(b)}",
+            lambda: f"a.ne={ne_str(a)} has {nelements(a)} elements, b.ne={ne_str(b)} "
+                    f"has {nelements(b)}",
             assertion="ggml_nelements(a) == ggml_nelements(b)")
     result = view_tensor(ctx, b)
     if b.name:
@@ -87,7 +102,8 @@ def cast(ctx, a, type):
 
 # %% book/03_ops.ipynb #ops-cont
 def cont(ctx, a):
-    """ggml_cont: a dense copy of a (same shape), e.g. of a permuted or transposed view."""
+    """ggml_cont: a dense copy of a (same shape), e.g. of a permuted or transposed
+    view."""
     alive("cont", a)
     result = dup_tensor(ctx, a)
     format_name(result, "%s (cont)", a.name)
@@ -98,7 +114,8 @@ def _cont_nd(ctx, a, ne, where):
     alive(where, a)
     n = ne[0] * ne[1] * ne[2] * ne[3]
     require(nelements(a) == n, where,
-            lambda: f"a.ne={ne_str(a)} has {nelements(a)} elements, the new shape {list(ne)} has {n}",
+            lambda: f"a.ne={ne_str(a)} has {nelements(a)} elements, the new shape "
+                    f"{list(ne)} has {n}",
             assertion="ggml_nelements(a) == (ne0*ne1*ne2*ne3)")
     result = new_tensor_4d(ctx, a.type, *ne)
     format_name(result, "%s (cont)", a.name)
