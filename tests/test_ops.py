@@ -259,8 +259,8 @@ def test_no_constructor_touches_data():
     for name, t in made.items():
         if t.view_src is None:
             assert (t.numpy().view(np.uint8) == 0xA5).all(), f"{name} wrote its result"
-    # every public constructor of ops.py is in the list
-    constructors = {n for n in ggml.ops.__all__
+    # every public constructor of ops.py and ops_copy.py is in the list
+    constructors = {n for n in ggml.ops.__all__ + ggml.ops_copy.__all__
                     if inspect.isfunction(getattr(ggml.ops, n)) and "ctx" in inspect.signature(getattr(ggml.ops, n)).parameters}
     assert constructors == set(made)
 
@@ -435,7 +435,8 @@ def test_assert_cases_cover_every_constructor():
     assert all(ASSERT_REF[name]["code"] == code for name, code in ASSERT_CASES.items())
     called = {name for code in ASSERT_CASES.values() for name in
               __import__("re").findall(r"G\.(\w+)\(", _split_case(code)[1])}
-    constructors = {n for n in ggml.ops.__all__ if inspect.isfunction(getattr(ggml.ops, n))
+    constructors = {n for n in ggml.ops.__all__ + ggml.ops_copy.__all__
+                    if inspect.isfunction(getattr(ggml.ops, n))
                     and ("ctx" in inspect.signature(getattr(ggml.ops, n)).parameters
                          or n in ("mul_mat_set_prec", "soft_max_add_sinks"))}
     views = {"view_1d", "view_2d", "reshape", "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d",
