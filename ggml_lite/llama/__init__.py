@@ -45,9 +45,9 @@ class _Layer:
 
 
 def _placement(n_layer, backends, layers_on):
-    """Which backend holds each layer: layers_on[i] indexes backends (default: all on the first).
-    The input embeddings stay on the last backend (the CPU, as llama.cpp keeps them); the output
-    head goes with the last layer."""
+    """Which backend holds each layer: layers_on[i] indexes backends (default: all on
+    the first). The input embeddings stay on the last backend (the CPU, as llama.cpp
+    keeps them); the output head goes with the last layer."""
     if layers_on is None:
         layers_on = [0] * n_layer
     layers_on = list(layers_on)
@@ -58,10 +58,10 @@ def _placement(n_layer, backends, layers_on):
 
 
 def _alloc_weights(named, where, choose_buft=None):
-    """Tensors (name -> (backend, type, ne)) in one no_alloc context per backend and buffer type,
-    each context's tensors in one buffer of that type: the backend's default one, or for the
-    model's weights choose_buft(tensor, name, backend) (llama_weight_buft, below):
-    {name: tensor}, [(ctx, buffer)]."""
+    """Tensors (name -> (backend, type, ne)) in one no_alloc context per backend and
+    buffer type, each context's tensors in one buffer of that type: the backend's
+    default one, or for the model's weights choose_buft(tensor, name, backend)
+    (llama_weight_buft, below): {name: tensor}, [(ctx, buffer)]."""
     meta = init(mem_size=tensor_overhead() * (len(named) + 1), no_alloc=True)
     groups = {}
     for name, (backend, t, ne) in named.items():
@@ -108,9 +108,9 @@ def _progress(items, desc, enabled):
 
 # %% book/12_llama.ipynb #llama-kv
 class _KVCache:
-    """llama_kv_cache, one sequence: per layer K [n_embd_k_gqa, n_ctx] (a cell per row) and V stored
-    transposed, [n_ctx, n_embd_v_gqa] (a channel per row: cell j of channel c at c*n_ctx + j, so that
-    V·softmax reads rows), zeroed, on the layer's backend."""
+    """llama_kv_cache, one sequence: per layer K [n_embd_k_gqa, n_ctx] (a cell per row)
+    and V stored transposed, [n_ctx, n_embd_v_gqa] (a channel per row: cell j of channel
+    c at c*n_ctx + j, so that V·softmax reads rows), zeroed, on the layer's backend."""
 
     def __init__(self, hp, n_ctx, type_k, type_v, layers):
         named = {}
@@ -121,9 +121,11 @@ class _KVCache:
         for il, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = tensors[f"cache_k_l{il}"], tensors[f"cache_v_l{il}"]
         for _, buf in self.owned:
-            backend_buffer_clear(buf, 0)            # unused cells must not be NaN: softmax gives them 0 weight
+            # unused cells must not be NaN: softmax gives them 0 weight
+            backend_buffer_clear(buf, 0)
         self.n_ctx, self.type_k, self.type_v = n_ctx, type_k, type_v
-        self.n_filled = 0                           # cells [0, n_filled) hold computed tokens
+        # cells [0, n_filled) hold computed tokens
+        self.n_filled = 0
 
     def nbytes(self):
         return sum(backend_buffer_get_size(buf) for _, buf in self.owned)
@@ -131,17 +133,20 @@ class _KVCache:
 # %% book/12_llama.ipynb #llama-graph-result
 @dataclass
 class LlamaGraph:
-    """One ubatch's forward graph, its inputs and its output (llama.cpp's llm_graph_result): kept
-    after the ubatch is computed, and computed again for the next ubatch when can_reuse says that
-    only the inputs differ."""
+    """One ubatch's forward graph, its inputs and its output (llama.cpp's
+    llm_graph_result): kept after the ubatch is computed, and computed again for the
+    next ubatch when can_reuse says that only the inputs differ."""
     ctx: object
     gf: object
     tokens: object      # I32 [n_tokens]                   inp_tokens
     pos: object         # I32 [n_tokens]                   inp_pos
     kq_mask: object     # F32 [n_kv, n_tokens]             attn_inp_kq_mask: 0 or -inf
-    k_idxs: object      # I64 [n_tokens]                   the cell each token's K row goes to
-    v_idxs: object      # I64 [n_tokens * n_embd_v_gqa]    the element of V^T each V value goes to
-    out_ids: object     # I32 [n_outputs]                  which rows of the last layer reach the head
+    # I64 [n_tokens]                   the cell each token's K row goes to
+    k_idxs: object
+    # I64 [n_tokens * n_embd_v_gqa]    the element of V^T each V value goes to
+    v_idxs: object
+    # I32 [n_outputs]                  which rows of the last layer reach the head
+    out_ids: object
     logits: object      # F32 [n_vocab, n_outputs]         result_output
     n_tokens: int
     n_outputs: int
@@ -150,10 +155,11 @@ class LlamaGraph:
     kv_size: int
 
     def can_reuse(self, n_tokens, n_outputs, n_kv):
-        """llm_graph_result::can_reuse: the graph parameters allow it (llm_graph_params::allow_reuse:
-        the same ubatch shape and n_outputs) and every input can take the new ubatch (each input's
-        can_reuse: the same token count, the same out_ids, a KQ mask of the same shape, KV index
-        inputs of the same length)."""
+        """llm_graph_result::can_reuse: the graph parameters allow it
+        (llm_graph_params::allow_reuse: the same ubatch shape and n_outputs) and every
+        input can take the new ubatch (each input's can_reuse: the same token count, the
+        same out_ids, a KQ mask of the same shape, KV index inputs of the same
+        length)."""
         if n_tokens != self.n_tokens or n_outputs != self.n_outputs:
             return False
         return (self.tokens.ne[0] == n_tokens and self.pos.ne[0] == n_tokens
@@ -162,15 +168,17 @@ class LlamaGraph:
                 and self.k_idxs.ne[0] == n_tokens and self.v_idxs.ne[0] == n_tokens * self.n_embd_v_gqa)
 
     def set_inputs(self, batch, n_past):
-        """llm_graph_result::set_inputs: the data of every input for tokens batch at positions n_past..:
-        all that differs from one decode step to the next."""
+        """llm_graph_result::set_inputs: the data of every input for tokens batch at
+        positions n_past..: all that differs from one decode step to the next."""
         n = len(batch)
-        cells = np.arange(n_past, n_past + n, dtype=np.int64)       # the cells this ubatch fills
+        # the cells this ubatch fills
+        cells = np.arange(n_past, n_past + n, dtype=np.int64)
         backend_tensor_set(self.tokens, np.asarray(batch, np.int32))
         backend_tensor_set(self.pos, cells.astype(np.int32))
         backend_tensor_set(self.kq_mask, _causal_mask(n, n_past, self.n_kv))
         backend_tensor_set(self.k_idxs, cells)
-        # V^T viewed as one element per row: token i's channel c goes to element c*kv_size + cell_i
+        # V^T viewed as one element per row: token i's channel c goes to element
+        # c*kv_size + cell_i
         channels = np.arange(self.n_embd_v_gqa, dtype=np.int64) * self.kv_size
         backend_tensor_set(self.v_idxs, (cells[:, None] + channels[None, :]).reshape(-1))
         backend_tensor_set(self.out_ids, np.arange(n - self.n_outputs, n, dtype=np.int32))
@@ -187,7 +195,8 @@ def _build_norm(ctx, x, w, eps, name, il):
 
 
 def _build_ffn(ctx, m, x, il):
-    """SwiGLU: down(silu(gate(x)) * up(x)), up first as llm_graph_context::build_ffn does."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), up first as llm_graph_context::build_ffn
+    does."""
     up = _named(mul_mat(ctx, m.w(il, "ffn_up"), x), "ffn_up", il)
     gate = _named(mul_mat(ctx, m.w(il, "ffn_gate"), x), "ffn_gate", il)
     cur = _named(swiglu_split(ctx, gate, up), "ffn_swiglu", il)
@@ -195,9 +204,10 @@ def _build_ffn(ctx, m, x, il):
 
 # %% book/12_llama.ipynb #llama-attn
 def _build_kv_store(ctx, gf, m, layer, g, k_cur, v_cur, n_tokens, il):
-    """Write this ubatch's K and V into the cells that g's index inputs name (cpy_k, cpy_v with
-    set_rows). K rows are cells; V is stored transposed, so it is viewed as one element per row,
-    [1, n_embd_v_gqa * kv_size], and v_idxs names the element of each value."""
+    """Write this ubatch's K and V into the cells that g's index inputs name (cpy_k,
+    cpy_v with set_rows). K rows are cells; V is stored transposed, so it is viewed as
+    one element per row, [1, n_embd_v_gqa * kv_size], and v_idxs names the element of
+    each value."""
     hp, kv = m.hparams, m.kv
     k = reshape_2d(ctx, k_cur, hp.n_embd_k_gqa, n_tokens)
     build_forward_expand(gf, _named(set_rows(ctx, layer.k_cache, k, g.k_idxs), "k_store", il))
@@ -207,7 +217,8 @@ def _build_kv_store(ctx, gf, m, layer, g, k_cur, v_cur, n_tokens, il):
 
 
 def _build_attn_mha(ctx, m, layer, q_cur, kq_mask, n_kv, il):
-    """softmax(K·Q * scale + mask) · V over the first n_kv cells, heads shared by GQA broadcast."""
+    """softmax(K·Q * scale + mask) · V over the first n_kv cells, heads shared by GQA
+    broadcast."""
     hp, kv = m.hparams, m.kv
     hd, es = hp.n_embd_head, type_size(kv.type_v)
     k = view_3d(ctx, layer.k_cache, hd, hp.n_head_kv, n_kv, row_size(kv.type_k, hd),
@@ -216,7 +227,8 @@ def _build_attn_mha(ctx, m, layer, q_cur, kq_mask, n_kv, il):
     q = permute(ctx, q_cur, 0, 2, 1, 3)                         # [hd, n_tokens, n_head]
     k = permute(ctx, k, 0, 2, 1, 3)                             # [hd, n_kv, n_head_kv]
     v = permute(ctx, v, 0, 2, 1, 3)                             # [n_kv, hd, n_head_kv]
-    kq = _named(mul_mat(ctx, k, q), "kq", il)                   # [n_kv, n_tokens, n_head]
+    # [n_kv, n_tokens, n_head]
+    kq = _named(mul_mat(ctx, k, q), "kq", il)
     mul_mat_set_prec(kq, Prec.F32)
     scale = hp.f_attention_scale or 1.0 / math.sqrt(hd)
     kq = _named(soft_max_ext(ctx, kq, kq_mask, scale, 0.0), "kq_soft_max", il)
@@ -225,7 +237,8 @@ def _build_attn_mha(ctx, m, layer, q_cur, kq_mask, n_kv, il):
     return _named(cont_2d(ctx, cur, hd * hp.n_head, kq.ne[1]), "kqv_out", il)
 
 # %% book/12_llama.ipynb #llama-block
-_ROPE_TYPE_NORM = 0                  # LLAMA_ROPE_TYPE_NORM: rotate pairs (x[2i], x[2i+1])
+# LLAMA_ROPE_TYPE_NORM: rotate pairs (x[2i], x[2i+1])
+_ROPE_TYPE_NORM = 0
 
 
 def _rope(ctx, m, x, pos):
@@ -235,7 +248,8 @@ def _rope(ctx, m, x, pos):
 
 
 def _build_attn(ctx, gf, m, g, cur, il):
-    """The attention half of a block: Q, K, V, rope, the cache write, attention, output projection."""
+    """The attention half of a block: Q, K, V, rope, the cache write, attention, output
+    projection."""
     hp, layer, n_tokens = m.hparams, m.layers[il], cur.ne[1]
     hd = hp.n_embd_head
     q = _named(mul_mat(ctx, m.w(il, "attn_q"), cur), "Qcur", il)
@@ -244,7 +258,8 @@ def _build_attn(ctx, gf, m, g, cur, il):
     q = _named(_rope(ctx, m, reshape_3d(ctx, q, hd, hp.n_head, n_tokens), g.pos), "Qcur_rope", il)
     k = _named(_rope(ctx, m, reshape_3d(ctx, k, hd, hp.n_head_kv, n_tokens), g.pos), "Kcur_rope", il)
     v = reshape_3d(ctx, v, hd, hp.n_head_kv, n_tokens)
-    for t in (q, v, k):                # together, so that a scheduler does not split them apart
+    # together, so that a scheduler does not split them apart
+    for t in (q, v, k):
         build_forward_expand(gf, t)
     _build_kv_store(ctx, gf, m, layer, g, k, v, n_tokens, il)
     cur = _build_attn_mha(ctx, m, layer, q, g.kq_mask, g.n_kv, il)
@@ -252,9 +267,10 @@ def _build_attn(ctx, gf, m, g, cur, il):
 
 # %% book/12_llama.ipynb #llama-build-graph
 def build_graph(m, n_tokens, n_kv, n_outputs):
-    """llama's forward graph for a ubatch of n_tokens, attending to n_kv cells, with logits for
-    n_outputs rows (llama.cpp's llama_model_llama::graph). Which cells and positions the tokens
-    take is input data (set_inputs), not part of the graph. Nothing is computed or allocated here."""
+    """llama's forward graph for a ubatch of n_tokens, attending to n_kv cells, with
+    logits for n_outputs rows (llama.cpp's llama_model_llama::graph). Which cells and
+    positions the tokens take is input data (set_inputs), not part of the graph. Nothing
+    is computed or allocated here."""
     hp = m.hparams
     ctx = init(mem_size=tensor_overhead() * m.max_nodes + graph_overhead_custom(m.max_nodes), no_alloc=True)
     gf = new_graph_custom(ctx, m.max_nodes)
@@ -284,10 +300,11 @@ def build_graph(m, n_tokens, n_kv, n_outputs):
 
 # %% book/12_llama.ipynb #llama-seam
 class _Sched:
-    """The compute seam, llama.cpp's way: a scheduler over the model's backends (the CPU last),
-    reserved once for the worst graph; for each new graph a reset and alloc_graph; graph_compute
-    for every ubatch, of a new graph or of the last one again. Which backend runs which node, the
-    splits and their input copies are the scheduler's business."""
+    """The compute seam, llama.cpp's way: a scheduler over the model's backends (the CPU
+    last), reserved once for the worst graph; for each new graph a reset and
+    alloc_graph; graph_compute for every ubatch, of a new graph or of the last one
+    again. Which backend runs which node, the splits and their input copies are the
+    scheduler's business."""
 
     def __init__(self, backends, graph_size):
         self.backends = list(backends)
@@ -318,24 +335,27 @@ class _Sched:
         return list(self.sched.galloc.buffers)
 
 # %% book/12_llama.ipynb #llama-inputs
-_KV_PAD = 256                         # llama_kv_cache::get_n_kv: n_kv is a multiple of max(n_pad, 256)
+# llama_kv_cache::get_n_kv: n_kv is a multiple of max(n_pad, 256)
+_KV_PAD = 256
 
 
 def _n_kv(n_ctx, n_used):
-    """The cells a ubatch attends to: the used ones padded to 256, at least 256, at most n_ctx
-    ("so that the graph remains constant across batches and can be reused")."""
+    """The cells a ubatch attends to: the used ones padded to 256, at least 256, at most
+    n_ctx ("so that the graph remains constant across batches and can be reused")."""
     return min(n_ctx, max(_KV_PAD, -(-n_used // _KV_PAD) * _KV_PAD))
 
 
 def _causal_mask(n_tokens, n_past, n_kv):
-    """Row i (token at position n_past + i) sees cells 0 .. n_past + i; the rest get -inf."""
+    """Row i (token at position n_past + i) sees cells 0 .. n_past + i; the rest get
+    -inf."""
     cells = np.arange(n_kv)[None, :]
     seen = cells <= (n_past + np.arange(n_tokens))[:, None]
     return np.where(seen, np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
 
 def _graph_reuse_disabled():
-    """LLAMA_GRAPH_REUSE_DISABLE, read as llama_context's constructor reads it: set and atoi != 0."""
+    """LLAMA_GRAPH_REUSE_DISABLE, read as llama_context's constructor reads it: set and
+    atoi != 0."""
     value = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE")
     try:
         return value is not None and int(value.strip() or 0) != 0
@@ -344,20 +364,24 @@ def _graph_reuse_disabled():
 
 # %% book/12_llama.ipynb #llama-model
 class LlamaModel:
-    """A loaded llama model: weights and KV cache on backends, a tokenizer, eval and generate."""
+    """A loaded llama model: weights and KV cache on backends, a tokenizer, eval and
+    generate."""
 
     def __init__(self, hparams, vocab, weights, layers, backends, kv, runner, n_batch, owned):
         self.hparams, self.vocab, self.weights, self.layers = hparams, vocab, weights, layers
         self.backends, self.kv, self.runner, self.n_batch, self._owned = backends, kv, runner, n_batch, owned
         self.tok_embd, self.output_norm = weights["token_embd.weight"], weights["output_norm.weight"]
-        self.output = weights.get("output.weight", self.tok_embd)      # tied head when the file has none
+        # tied head when the file has none
+        self.output = weights.get("output.weight", self.tok_embd)
         self.rope_freqs = weights.get("rope_freqs.weight")
         self.max_nodes = _max_nodes(len(weights))
         self.timings = dict(t_load_ms=0.0, n_p_eval=0, t_p_eval_ms=0.0, n_eval=0, t_eval_ms=0.0,
                             splits_prompt=0, splits_decode=0, n_graph_builds=0, n_reused=0)
-        self.graph_reuse = not _graph_reuse_disabled()      # llama_context::graph_reuse_disable
+        # llama_context::graph_reuse_disable
+        self.graph_reuse = not _graph_reuse_disabled()
         self.last_graph = None                              # llama_context::gf_res_prev
-        self.reserve_graph = build_graph(self, n_batch, kv.n_ctx, n_batch)      # the worst batch
+        # the worst batch
+        self.reserve_graph = build_graph(self, n_batch, kv.n_ctx, n_batch)
         runner.reserve(self.reserve_graph.gf)
 
     @property
@@ -385,8 +409,9 @@ class LlamaModel:
         return self.vocab
 
     def eval(self, tokens, n_past=0, logits_all=True):
-        """Logits [len(tokens), n_vocab] (float32) of tokens at positions n_past.. (the cache holds the
-        first n_past); with logits_all=False only the last row. Batches of n_batch tokens."""
+        """Logits [len(tokens), n_vocab] (float32) of tokens at positions n_past.. (the
+        cache holds the first n_past); with logits_all=False only the last row. Batches
+        of n_batch tokens."""
         tokens = [int(t) for t in tokens]
         _check_batch(self, tokens, n_past)
         rows = []
@@ -402,9 +427,9 @@ class LlamaModel:
 
     def generate(self, tokens, n_predict, temperature=0.0, top_k=40, top_p=0.95, seed=0,
                  on_token=None, stop_at_eos=True):
-        """Up to n_predict tokens after the prompt tokens (n_predict < 0: until end of text or a full
-        context; greedy when temperature <= 0); on_token(t) is called as each one is chosen. Returns the
-        new tokens."""
+        """Up to n_predict tokens after the prompt tokens (n_predict < 0: until end of
+        text or a full context; greedy when temperature <= 0); on_token(t) is called as
+        each one is chosen. Returns the new tokens."""
         return _generate(self, list(tokens), n_predict, temperature, top_k, top_p, seed, on_token, stop_at_eos)
 
     def free(self):
@@ -414,15 +439,17 @@ class LlamaModel:
 
 # %% book/12_llama.ipynb #llama-decode
 def _decode(m, batch, n_past, n_outputs):
-    """llama_context::process_ubatch: the last graph again when it can take this ubatch (only its
-    inputs change: no build, no split, no allocation), else a new graph built, split and allocated
-    (no new memory); then the inputs set, the graph computed, the logits read."""
+    """llama_context::process_ubatch: the last graph again when it can take this ubatch
+    (only its inputs change: no build, no split, no allocation), else a new graph built,
+    split and allocated (no new memory); then the inputs set, the graph computed, the
+    logits read."""
     n_kv = _n_kv(m.n_ctx, n_past + len(batch))
     g = m.last_graph
     if m.graph_reuse and g is not None and g.can_reuse(len(batch), n_outputs, n_kv):
         m.timings["n_reused"] += 1
     else:
-        m.last_graph = None                 # res->reset(): the old graph goes before the new one is built
+        # res->reset(): the old graph goes before the new one is built
+        m.last_graph = None
         g = build_graph(m, len(batch), n_kv, n_outputs)
         m.runner.alloc(g.gf)
         m.last_graph = g
@@ -445,8 +472,9 @@ def _check_batch(m, tokens, n_past):
 
 
 def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, stop_at_eos):
-    """n_predict < 0: until end of text (llama.cpp's -n -1). A full context ends it too: the last token
-    chosen is returned but has no cell left (llama.cpp without context shift stops the same way)."""
+    """n_predict < 0: until end of text (llama.cpp's -n -1). A full context ends it too:
+    the last token chosen is returned but has no cell left (llama.cpp without context
+    shift stops the same way)."""
     rng, out, t = np.random.default_rng(seed), [], m.timings
     t0 = time.perf_counter()
     logits = m.eval(tokens, 0, logits_all=False)[-1]
@@ -470,9 +498,10 @@ def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, s
 # %% book/12_llama.ipynb #llama-load
 def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch=512,
          type_k=Type.F16, type_v=Type.F16, progress=True):
-    """A llama GGUF file as a LlamaModel: hyperparameters and vocabulary checked, weights copied as
-    stored (never dequantized) onto backends (layer i on backends[layers_on[i]]), the KV cache for
-    n_ctx cells, the compute buffer reserved for a batch of n_batch tokens."""
+    """A llama GGUF file as a LlamaModel: hyperparameters and vocabulary checked,
+    weights copied as stored (never dequantized) onto backends (layer i on
+    backends[layers_on[i]]), the KV cache for n_ctx cells, the compute buffer reserved
+    for a batch of n_batch tokens."""
     t0 = time.perf_counter()
     reader = llama_open(path)
     hp = llama_read_hparams(reader)
@@ -485,10 +514,12 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     backends = [backend_cpu_init()] if backends is None else list(backends)
     for b in backends:
         if backend_is_cpu(b):
-            backend_cpu_set_llamafile(b, True)      # llama.cpp builds ggml with GGML_LLAMAFILE on
+            # llama.cpp builds ggml with GGML_LLAMAFILE on
+            backend_cpu_set_llamafile(b, True)
             if n_threads is not None:
                 backend_cpu_set_n_threads(b, n_threads)
-    llama_check_tensor_names({rt.name for rt in reader.tensors}, hp)    # before anything is sized by n_layer
+    # before anything is sized by n_layer
+    llama_check_tensor_names({rt.name for rt in reader.tensors}, hp)
     layers = [_Layer(b) for b in _placement(hp.n_layer, backends, layers_on)]
     named, records = _weight_plan(reader, hp, backends, layers)
     weights, owned = _alloc_weights(named, "weights", llama_weight_buft)
@@ -506,7 +537,8 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
 
 # %% book/12_llama.ipynb #llama-weight-plan
 def _weight_plan(reader, hp, backends, layers):
-    """Every tensor of the file checked against the architecture, with the backend it goes to."""
+    """Every tensor of the file checked against the architecture, with the backend it
+    goes to."""
     records = {rt.name: rt for rt in reader.tensors}
     named = {}
     for name, (ne, required) in llama_check_tensor_names(records, hp).items():
@@ -539,8 +571,9 @@ def _softmax(x):
 
 # %% book/93_llama_product.ipynb #llama-sample
 def sample_token(logits, temperature=0.0, top_k=40, top_p=0.95, rng=None):
-    """The next token: the argmax when temperature <= 0 (llama.cpp's greedy sampler: the first
-    maximum), else llama.cpp's chain top-k -> top-p -> temperature -> a draw from rng."""
+    """The next token: the argmax when temperature <= 0 (llama.cpp's greedy sampler: the
+    first maximum), else llama.cpp's chain top-k -> top-p -> temperature -> a draw from
+    rng."""
     logits = np.asarray(logits, np.float32)
     if temperature <= 0:
         return int(np.argmax(logits))
@@ -548,7 +581,8 @@ def sample_token(logits, temperature=0.0, top_k=40, top_p=0.95, rng=None):
     if top_k > 0:
         idx = idx[:top_k]
     z = logits[idx].astype(np.float64)
-    if top_p < 1.0:                    # keep the smallest head whose probability reaches top_p
+    # keep the smallest head whose probability reaches top_p
+    if top_p < 1.0:
         keep = int(np.searchsorted(np.cumsum(_softmax(z)), top_p)) + 1
         idx, z = idx[:keep], z[:keep]
     p = _softmax(z / temperature)

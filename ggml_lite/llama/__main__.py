@@ -15,11 +15,13 @@ from ggml_lite.llama import load
 
 
 def _init_backend(spec):
-    """A backend from a --device word: CPU, a registered device name (BLAS, CUDA0, ...) or RPC:host:port."""
+    """A backend from a --device word: CPU, a registered device name (BLAS, CUDA0, ...)
+    or RPC:host:port."""
     if spec.upper() == "CPU":
         return backend_cpu_init()
     if spec.upper().startswith("RPC:"):
-        import ggml_lite                           # the RPC chapter's backend, when the package has it
+        # the RPC chapter's backend, when the package has it
+        import ggml_lite
         rpc_init = getattr(ggml_lite, "backend_rpc_init", None)
         if rpc_init is None:
             raise GGMLError(f"llama: --device {spec}: this ggml_lite has no RPC backend")
@@ -51,7 +53,8 @@ def _parse_args(argv):
     import argparse
 
     class OneLine(argparse.ArgumentParser):
-        def error(self, message):          # one line and status 1, as every other refusal of this command
+        # one line and status 1, as every other refusal of this command
+        def error(self, message):
             print(f"{self.prog}: error: {message}", file=sys.stderr)
             sys.exit(1)
     ap = OneLine(prog="python -m ggml_lite.llama", description="Generate text with a llama GGUF model.")
@@ -71,10 +74,12 @@ def _parse_args(argv):
     ap.add_argument("--no-progress", action="store_true", help="no load progress bar")
     return ap.parse_args(argv)
 
-
+# %% book/93_llama_product.ipynb #8d4c2f6a1e57
 def _check_args(args):
-    """What the command line can refuse before anything is loaded; layers_on as integers."""
-    if args.device[-1].upper() != "CPU":       # ggml_backend_sched_new: the last backend is the CPU
+    """What the command line can refuse before anything is loaded; layers_on as
+    integers."""
+    # ggml_backend_sched_new: the last backend is the CPU
+    if args.device[-1].upper() != "CPU":
         fix = " ".join([d for d in args.device if d.upper() != "CPU"] + ["CPU"])
         what = "put CPU last" if "CPU" in [d.upper() for d in args.device] else "add CPU"
         raise GGMLError(f"llama: --device {' '.join(args.device)}: the last device must be CPU (it runs what the "
@@ -92,12 +97,15 @@ def _run(args, state):
     n_threads = args.threads if args.threads is None or args.threads > 0 else os.cpu_count()   # llama.cpp's -t 0
     m = state["model"] = load(args.model, n_ctx=args.ctx_size, backends=backends, n_threads=n_threads,
                               layers_on=layers_on, n_batch=args.batch_size, progress=not args.no_progress)
-    tokens = m.tokenize(args.prompt, parse_special=True)         # as llama-cli: "<s>" in a prompt is BOS
+    # as llama-cli: "<s>" in a prompt is BOS
+    tokens = m.tokenize(args.prompt, parse_special=True)
     if len(tokens) > m.n_ctx:
         raise GGMLError(f"llama: prompt is too long ({len(tokens)} tokens, max {m.n_ctx}): raise -c/--ctx-size")
     sys.stdout.write(args.prompt)
-    sys.stdout.flush()                                           # shown before the first token is computed
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")   # a character may span byte tokens
+    # shown before the first token is computed
+    sys.stdout.flush()
+    # a character may span byte tokens
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def show(tok):
         sys.stdout.write(decoder.decode(m.vocab.token_to_piece(tok)))
@@ -109,7 +117,7 @@ def _run(args, state):
         print(f"llama: context full (n_ctx = {m.n_ctx}: {len(tokens)} prompt + {len(out) - 1} generated tokens "
               f"cached, no context shift here) => stopping", file=sys.stderr)
 
-
+# %% book/93_llama_product.ipynb #4a7e9b3c5d18
 def _main(argv=None):
     args, state = _parse_args(argv), {"model": None}
     try:
@@ -117,7 +125,8 @@ def _main(argv=None):
     except GGMLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:                  # Ctrl-C: as llama-cli, the timings so far, then status 130
+    # Ctrl-C: as llama-cli, the timings so far, then status 130
+    except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()
         if state["model"] is not None:
@@ -128,5 +137,6 @@ def _main(argv=None):
     return 0
 
 
-if __name__ == "__main__" and __package__ == "ggml_lite.llama":   # python -m ggml_lite.llama, not the notebook
+# python -m ggml_lite.llama, not the notebook
+if __name__ == "__main__" and __package__ == "ggml_lite.llama":
     sys.exit(_main())

@@ -19,7 +19,8 @@ LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.
 
 
 def _expected_tensors(hp):
-    """(name, ne, required) of every tensor llama.cpp's LLM_ARCH_LLAMA loader creates, in order."""
+    """(name, ne, required) of every tensor llama.cpp's LLM_ARCH_LLAMA loader creates,
+    in order."""
     e, v, ff, kv = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_k_gqa
     yield from (("token_embd.weight", (e, v), True), ("output_norm.weight", (e,), True),
                 ("output.weight", (e, v), False), ("rope_freqs.weight", (hp.n_rot // 2,), False))
@@ -31,8 +32,8 @@ def _expected_tensors(hp):
 
 
 def llama_check_tensor_names(names, hp):
-    """Every required tensor present, nothing unknown. The walk stops at the first missing name,
-    so a block_count of a billion in a small file costs nothing."""
+    """Every required tensor present, nothing unknown. The walk stops at the first
+    missing name, so a block_count of a billion in a small file costs nothing."""
     want = {}
     for name, ne, required in _expected_tensors(hp):
         if required and name not in names:
@@ -67,7 +68,8 @@ def llama_check_tensor(rt, ne):
 # %% book/93_llama_product.ipynb #llama-hparams
 @dataclass(frozen=True)
 class LlamaHParams:
-    """What the forward graph needs from a llama GGUF (llama.cpp's llama_hparams, this architecture)."""
+    """What the forward graph needs from a llama GGUF (llama.cpp's llama_hparams, this
+    architecture)."""
     n_vocab: int
     n_ctx_train: int
     n_embd: int
@@ -114,7 +116,8 @@ def llama_key(reader, key, kind, required=True, default=None):
 
 
 def llama_array(reader, key, kind, n):
-    """An array key (tokens, scores, token types) that must hold n values of one kind, or None."""
+    """An array key (tokens, scores, token types) that must hold n values of one kind,
+    or None."""
     import gguf
     f = reader.fields.get(key)
     if f is None:
@@ -136,7 +139,8 @@ def llama_positive(key, v, lo=1):
 
 # %% book/93_llama_product.ipynb #llama-read-hparams
 def llama_read_hparams(reader):
-    """llama.cpp's load_hparams for LLM_ARCH_LLAMA: the keys, their defaults, their checks."""
+    """llama.cpp's load_hparams for LLM_ARCH_LLAMA: the keys, their defaults, their
+    checks."""
     arch = llama_key(reader, "general.architecture", LLAMA_STR)
     if arch != "llama":
         raise GGMLError(f"llama: general.architecture is '{arch}', this loader reads 'llama' models only")
@@ -159,7 +163,8 @@ def llama_read_hparams(reader):
     n_rot = llama_key(reader, k("rope.dimension_count"), LLAMA_INT, False, n_embd // n_head)
     if n_rot != n_embd // n_head:
         raise GGMLError(f"llama: rope.dimension_count = {n_rot} must equal n_embd / n_head = {n_embd // n_head}")
-    for key in ("attention.key_length", "attention.value_length"):    # head sizes other than n_embd/n_head
+    # head sizes other than n_embd/n_head
+    for key in ("attention.key_length", "attention.value_length"):
         if llama_key(reader, k(key), LLAMA_INT, False, n_embd // n_head) != n_embd // n_head:
             raise GGMLError(f"llama: llama.{key} = {llama_key(reader, k(key), LLAMA_INT)} differs from n_embd / n_head = "
                             f"{n_embd // n_head}; such models are not supported")
@@ -183,7 +188,8 @@ def llama_read_hparams(reader):
 
 # %% book/93_llama_product.ipynb #llama-open
 def llama_open(path):
-    """The file's GGUFReader, each tensor's data checked to lie where gguf.cpp wants it and inside the file."""
+    """The file's GGUFReader, each tensor's data checked to lie where gguf.cpp wants it
+    and inside the file."""
     try:
         import gguf
     except ImportError:
@@ -192,7 +198,8 @@ def llama_open(path):
     _check_magic_and_version(path)
     try:
         return _checked_reader(gguf)(str(path), "r")
-    except (ValueError, IndexError) as e:     # the reader ran past the end, or read nonsense counts
+    # the reader ran past the end, or read nonsense counts
+    except (ValueError, IndexError) as e:
         size = os.path.getsize(path)
         raise GGMLError(f"llama: {path} is truncated or corrupt inside its header ({size} bytes in all): "
                         f"reading the key-value pairs or the tensor records failed "
@@ -203,8 +210,9 @@ def llama_open(path):
 
 @functools.cache
 def _checked_reader(gguf):
-    """GGUFReader, checking the tensors' places before it maps them: on a file cut short it would fail
-    in numpy ("cannot reshape array of size ..."), and it maps a misplaced tensor without a word."""
+    """GGUFReader, checking the tensors' places before it maps them: on a file cut short
+    it would fail in numpy ("cannot reshape array of size ..."), and it maps a misplaced
+    tensor without a word."""
     class CheckedReader(gguf.GGUFReader):
         def _build_tensors(self, start_offs, fields):
             _check_data_layout(gguf, self, start_offs, fields)
@@ -215,17 +223,19 @@ def _checked_reader(gguf):
             return parts or super()._get_field_parts(offs, raw_type)
     return CheckedReader
 
-
+# %% book/93_llama_product.ipynb #3e5a9c1d7b20
 def _array_parts(gguf, reader, offs):
-    """GGUFReader's parts of an array of strings or numbers, in one pass: GGUFReader makes numpy memmap
-    views per element, seconds for a BPE vocabulary's 100k tokens, their types and 300k merges."""
+    """GGUFReader's parts of an array of strings or numbers, in one pass: GGUFReader
+    makes numpy memmap views per element, seconds for a BPE vocabulary's 100k tokens,
+    their types and 300k merges."""
     vt = gguf.GGUFValueType
     itype, count = reader._get(offs, np.uint32), reader._get(offs + 4, np.uint64)
     dtype = reader.gguf_scalar_to_np.get(vt(itype[0])) if itype[0] in vt._value2member_map_ else None
     if reader.byte_order != "I" or count[0] == 0 or (itype[0] != vt.STRING and dtype is None):
         return None
     parts, n, o, end = [itype, count], int(count[0]), offs + 12, len(reader.data)
-    if dtype is not None:                      # numbers: one view, an element per part as GGUFReader has them
+    # numbers: one view, an element per part as GGUFReader has them
+    if dtype is not None:
         size = n * np.dtype(dtype).itemsize
         if o + size > end:
             raise ValueError(f"array at offset {offs}: {n} values run past the end of the file")
@@ -241,10 +251,11 @@ def _array_parts(gguf, reader, offs):
         o += 8 + size
     return o - offs, parts, list(range(3, len(parts), 2)), [vt.ARRAY, vt.STRING]
 
-
+# %% book/93_llama_product.ipynb #6b1f8e2a4c93
 def _check_data_layout(gguf, reader, data_start, fields):
-    """gguf.cpp: the tensors' data follow each other in the order of their records, each padded to
-    general.alignment. llama.cpp's loader: each inside the file ("data is not within the file bounds")."""
+    """gguf.cpp: the tensors' data follow each other in the order of their records, each
+    padded to general.alignment. llama.cpp's loader: each inside the file ("data is not
+    within the file bounds")."""
     align, size, expected = int(reader.alignment), len(reader.data), 0
     for f in fields:
         _, name, _, dims, type_id, offset = f.parts
@@ -252,7 +263,8 @@ def _check_data_layout(gguf, reader, data_start, fields):
         try:
             bs, ts = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(type_id[0]))]
         except (ValueError, KeyError):
-            return                                  # an unknown type: GGUFReader says which
+            # an unknown type: GGUFReader says which
+            return
         if offset != expected:
             why = f"not a multiple of general.alignment = {align}" if offset % align else f"expected {expected}"
             raise GGMLError(f"llama: tensor '{name}' has offset {offset}, {why} (gguf.cpp: each tensor's data "
@@ -266,7 +278,8 @@ def _check_data_layout(gguf, reader, data_start, fields):
 
 
 def _check_magic_and_version(path):
-    """gguf.cpp's first checks: the magic, then a version it reads (2 or 3; 1 is no longer supported)."""
+    """gguf.cpp's first checks: the magic, then a version it reads (2 or 3; 1 is no
+    longer supported)."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)

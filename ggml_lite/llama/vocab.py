@@ -9,18 +9,21 @@ from ggml_lite.llama.file import LLAMA_BOOL, LLAMA_FLOAT, LLAMA_INT, LLAMA_STR, 
 
 # %% book/93_llama_product.ipynb #llama-vocab-bytes
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
-_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)   # unicode_len_utf8, by the lead byte's top 4 bits
+# unicode_len_utf8, by the lead byte's top 4 bits
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
 _SPACE, _ESCAPED_SPACE = b" ", "\u2581".encode()
 
 
 def _token_bytes(reader, key):
-    """tokenizer.ggml.tokens as bytes, straight from the file (a token need not be valid UTF-8)."""
+    """tokenizer.ggml.tokens as bytes, straight from the file (a token need not be valid
+    UTF-8)."""
     f = reader.fields[key]
     return [bytes(f.parts[i]) for i in f.data]
 
 # %% book/93_llama_product.ipynb #llama-vocab
 class Vocab:
-    """An SPM vocabulary (tokenizer.ggml.model = "llama"): llama.cpp's tokenizer and detokenizer."""
+    """An SPM vocabulary (tokenizer.ggml.model = "llama"): llama.cpp's tokenizer and
+    detokenizer."""
 
     def __init__(self, tokens, scores=None, token_types=None, bos=1, eos=2, unk=0,
                  add_bos=True, add_eos=False, add_space_prefix=True):
@@ -35,7 +38,8 @@ class Vocab:
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
         self.text_to_id = {}
         for i, t in enumerate(self.tokens):
-            self.text_to_id[t] = i                  # a repeated text: the last id wins, as in llama.cpp
+            # a repeated text: the last id wins, as in llama.cpp
+            self.text_to_id[t] = i
         # tokenizer_st_partition looks for the longest special texts first
         self.special = sorted((i for i, t in enumerate(self.types) if t in (_CONTROL, _USER_DEFINED, _UNKNOWN)),
                               key=lambda i: -len(self.tokens[i]))
@@ -45,7 +49,8 @@ class Vocab:
         return len(self.tokens)
 
     def byte_to_token(self, b):
-        """The <0xXX> token of a byte (SPM's byte fallback), else the byte as a one-byte token."""
+        """The <0xXX> token of a byte (SPM's byte fallback), else the byte as a one-byte
+        token."""
         tid = self.text_to_id.get(f"<0x{b:02X}>".encode())
         if tid is None:
             tid = self.text_to_id.get(bytes([b]))
@@ -66,20 +71,24 @@ class Vocab:
             return text.replace(_ESCAPED_SPACE, _SPACE)
         if t == _BYTE:
             return bytes([int(text[3:5], 16)])
-        return b""                                  # unused, undefined: suppressed like control tokens
+        # unused, undefined: suppressed like control tokens
+        return b""
 
     def tokenize(self, text, add_special=True, parse_special=False):
-        """llama_tokenize: text (str or UTF-8 bytes) -> token ids (BOS first when add_special)."""
+        """llama_tokenize: text (str or UTF-8 bytes) -> token ids (BOS first when
+        add_special)."""
         return _tokenize(self, text, add_special, parse_special)
 
     def detokenize(self, tokens, remove_special=False, unparse_special=False):
-        """llama_detokenize: token ids -> text (bytes decoded as UTF-8, bad bytes replaced)."""
+        """llama_detokenize: token ids -> text (bytes decoded as UTF-8, bad bytes
+        replaced)."""
         return _detokenize(self, tokens, remove_special, unparse_special)
 
 # %% book/93_llama_product.ipynb #llama-spm
 class _SPMSession:
-    """llm_tokenizer_spm_session: split into UTF-8 characters, then merge the best-scoring
-    neighbouring pair again and again; what never became a token is spelled in bytes."""
+    """llm_tokenizer_spm_session: split into UTF-8 characters, then merge the
+    best-scoring neighbouring pair again and again; what never became a token is spelled
+    in bytes."""
 
     def __init__(self, vocab):
         self.vocab = vocab
@@ -100,7 +109,8 @@ class _SPMSession:
             _, left, right, size = heapq.heappop(self.heap)
             ls, rs = syms[left], syms[right]
             if ls[1] == 0 or rs[1] == 0 or ls[1] + rs[1] != size:
-                continue                            # one side was merged elsewhere since
+                # one side was merged elsewhere since
+                continue
             ls[1] += rs[1]
             rs[1] = 0
             ls[3] = rs[3]
@@ -141,8 +151,9 @@ class _SPMSession:
 
 # %% book/93_llama_product.ipynb #llama-tokenize
 def _partition(vocab, text, parse_special):
-    """tokenizer_st_partition: raw text (bytes) cut around special tokens (ids); control and
-    unknown tokens are looked for only with parse_special, user-defined ones always."""
+    """tokenizer_st_partition: raw text (bytes) cut around special tokens (ids); control
+    and unknown tokens are looked for only with parse_special, user-defined ones
+    always."""
     frags = [text]
     for tid in vocab.special:
         if not parse_special and vocab.types[tid] in (_CONTROL, _UNKNOWN):
@@ -183,7 +194,8 @@ def _tokenize(vocab, text, add_special=True, parse_special=False):
 
 
 def _detokenize(vocab, tokens, remove_special=False, unparse_special=False):
-    """llama_detokenize: the text of tokens (bytes decoded as UTF-8, bad bytes replaced)."""
+    """llama_detokenize: the text of tokens (bytes decoded as UTF-8, bad bytes
+    replaced)."""
     tokens = [int(t) for t in tokens]
     remove_space = vocab.add_space_prefix
     if remove_special and vocab.add_bos and tokens and tokens[0] == vocab.bos:
@@ -205,8 +217,9 @@ from ggml_lite.llama.vocab_bpe import bpe_merge, bpe_pre, byte_decode, byte_enco
 
 # %% book/93_llama_product.ipynb #llama-bpe-vocab
 class BPEVocab(Vocab):
-    """A BPE vocabulary (tokenizer.ggml.model = "gpt2", or "gemma4"): tokens, merge rules in rank order, and
-    the pre-tokenizer tokenizer.ggml.pre names; llama.cpp's llm_tokenizer_bpe and its detokenizer."""
+    """A BPE vocabulary (tokenizer.ggml.model = "gpt2", or "gemma4"): tokens, merge
+    rules in rank order, and the pre-tokenizer tokenizer.ggml.pre names; llama.cpp's
+    llm_tokenizer_bpe and its detokenizer."""
 
     def __init__(self, tokens, merges, pre="default", token_types=None, bos=None, eos=None,
                  add_bos=None, add_eos=False, add_space_prefix=False):
@@ -218,11 +231,13 @@ class BPEVocab(Vocab):
         self.ranks = {}
         for rank, m in enumerate(merges):
             m = m.decode("utf-8", "surrogateescape") if isinstance(m, bytes) else m
-            cut = m.find(" ", 1)                      # "Ġ t" -> ("Ġ", "t"); the first rule of a pair wins
+            # "Ġ t" -> ("Ġ", "t"); the first rule of a pair wins
+            cut = m.find(" ", 1)
             self.ranks.setdefault((m[:cut], m[cut + 1:]) if cut > 0 else ("", ""), rank)
 
     def tokenize(self, text, add_special=True, parse_special=False):
-        """llama_tokenize: text (str or UTF-8 bytes) -> token ids (BOS first when add_special and add_bos)."""
+        """llama_tokenize: text (str or UTF-8 bytes) -> token ids (BOS first when
+        add_special and add_bos)."""
         raw = text.encode() if isinstance(text, str) else bytes(text)
         out = []
         if add_special and self.add_bos:
@@ -255,7 +270,8 @@ class BPEVocab(Vocab):
                 tid = self.str_to_id.get(piece)
                 if tid is not None:
                     out.append(tid)
-                    continue                            # else its bytes, those that are tokens
+                    # else its bytes, those that are tokens
+                    continue
                 for b in piece.encode("utf-8", "surrogatepass"):
                     tid = self.text_to_id.get(bytes([b]) if pre.byte_level else f"<0x{b:02X}>".encode())
                     if tid is not None:
@@ -270,10 +286,12 @@ class BPEVocab(Vocab):
             if self.pre.escape_whitespaces:
                 return text.replace(_ESCAPED_SPACE, _SPACE)
             return byte_decode(text.decode("utf-8", "replace"))
-        return super().token_to_piece(tid, special)    # control, user-defined, byte: as SPM
+        # control, user-defined, byte: as SPM
+        return super().token_to_piece(tid, special)
 
     def detokenize(self, tokens, remove_special=False, unparse_special=False):
-        """llama_detokenize, then clean_up_tokenization_spaces where the pre-tokenizer asks for it."""
+        """llama_detokenize, then clean_up_tokenization_spaces where the pre-tokenizer
+        asks for it."""
         text = _detokenize(self, tokens, remove_special, unparse_special)
         return clean_spaces(text) if self.pre.clean_spaces else text
 
@@ -289,17 +307,20 @@ def llama_read_vocab_bpe(reader, model, tokens):
     if merges is None:
         raise GGMLError("llama: cannot find tokenizer merges in model file (tokenizer.ggml.merges)")
     pre = "gemma4" if model == "gemma4" else llama_key(reader, "tokenizer.ggml.pre", LLAMA_STR, False, "") or "default"
-    default = None if model == "gemma4" or n <= 11 else 11        # llama.cpp's BPE default BOS and EOS: 11
+    # llama.cpp's BPE default BOS and EOS: 11
+    default = None if model == "gemma4" or n <= 11 else 11
     bos, eos = (llama_key(reader, f"tokenizer.ggml.{k}_token_id", LLAMA_INT, False, default) for k in ("bos", "eos"))
     add_bos = llama_key(reader, "tokenizer.ggml.add_bos_token", LLAMA_BOOL, False, None)
-    add_bos = True if model == "gemma4" else add_bos               # llama.cpp's Gemma 4 workaround
+    # llama.cpp's Gemma 4 workaround
+    add_bos = True if model == "gemma4" else add_bos
     return BPEVocab(tokens, merges, pre, llama_array(reader, "tokenizer.ggml.token_type", LLAMA_INT, n), bos=bos,
                     eos=eos, add_bos=add_bos, add_eos=bool(llama_key(reader, "tokenizer.ggml.add_eos_token", LLAMA_BOOL, False, False)),
                     add_space_prefix=bool(llama_key(reader, "tokenizer.ggml.add_space_prefix", LLAMA_BOOL, False, False)))
 
 # %% book/93_llama_product.ipynb #llama-read-vocab
 def llama_read_vocab(reader, n_vocab):
-    """llama_vocab::load for tokenizer.ggml.model = "llama" (SPM), "gpt2" or "gemma4" (BPE)."""
+    """llama_vocab::load for tokenizer.ggml.model = "llama" (SPM), "gpt2" or "gemma4"
+    (BPE)."""
     model = llama_key(reader, "tokenizer.ggml.model", LLAMA_STR)
     if model not in ("llama", "gpt2", "gemma4"):
         raise GGMLError(f"llama: tokenizer.ggml.model = '{model}'; this loader reads SPM ('llama') and BPE "
@@ -323,7 +344,8 @@ def llama_read_vocab(reader, n_vocab):
 
 # %% book/93_llama_product.ipynb #llama-load-vocab
 def load_vocab(path):
-    """The vocabulary of a GGUF file alone (llama.cpp's vocab_only), e.g. ggml-vocab-llama-spm.gguf."""
+    """The vocabulary of a GGUF file alone (llama.cpp's vocab_only), e.g.
+    ggml-vocab-llama-spm.gguf."""
     reader = llama_open(path)
     tokens = llama_array(reader, "tokenizer.ggml.tokens", LLAMA_STR, None)
     if tokens is None:

@@ -13,8 +13,9 @@ from ggml_lite.core import GGMLError
 
 # %% book/93_llama_product.ipynb #llama-bpe-bytes
 def _byte_to_char():
-    """unicode_byte_to_utf8_map (GPT-2's bytes_to_unicode): the 188 printable bytes stand for themselves,
-    the other 68 (controls, space, DEL, 0x80-0xA0, the soft hyphen) for U+0100, U+0101, ... in byte order."""
+    """unicode_byte_to_utf8_map (GPT-2's bytes_to_unicode): the 188 printable bytes
+    stand for themselves, the other 68 (controls, space, DEL, 0x80-0xA0, the soft
+    hyphen) for U+0100, U+0101, ... in byte order."""
     printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     out, n = [], 0
     for b in range(256):
@@ -28,12 +29,14 @@ CHAR_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
 
 
 def byte_encode(word):
-    """unicode_byte_encoding_process: each byte of the word's UTF-8 as its printable character."""
+    """unicode_byte_encoding_process: each byte of the word's UTF-8 as its printable
+    character."""
     return "".join([BYTE_TO_CHAR[b] for b in word.encode("utf-8", "surrogatepass")])
 
 
 def byte_decode(text):
-    """llama_decode_text: printable characters back to bytes; one outside the map as llama.cpp spells it."""
+    """llama_decode_text: printable characters back to bytes; one outside the map as
+    llama.cpp spells it."""
     out = bytearray()
     for ch in text:
         b = CHAR_TO_BYTE.get(ch)
@@ -45,7 +48,8 @@ def byte_decode(text):
 
 
 def utf8_text(raw):
-    """unicode_cpts_from_utf8: bytes -> str; a byte that starts no valid sequence becomes U+FFFD, alone."""
+    """unicode_cpts_from_utf8: bytes -> str; a byte that starts no valid sequence
+    becomes U+FFFD, alone."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -53,7 +57,8 @@ def utf8_text(raw):
     out, i = [], 0
     while i < len(raw):
         b, k = raw[i], 1
-        if b >= 0x80:                              # k: the sequence's length from the lead byte, 0 if none
+        # k: the sequence's length from the lead byte, 0 if none
+        if b >= 0x80:
             k = 0 if not b & 0x40 else 2 if not b & 0x20 else 3 if not b & 0x10 else 4 if not b & 0x08 else 0
         tail = raw[i + 1:i + k]
         if k == 0 or len(tail) < k - 1 or any(c & 0xC0 != 0x80 for c in tail):
@@ -68,8 +73,10 @@ def utf8_text(raw):
     return "".join(out)
 
 # %% book/93_llama_product.ipynb #llama-bpe-unicode
-# unicode-data.cpp's White_Space list, and the code points it classes that this Python's unicodedata
-# does not know yet (llama.cpp's table is Unicode 15.1): "start[-end]category", hexadecimal
+# unicode-data.cpp's White_Space list, and the code points it classes that this Python's
+# unicodedata
+# does not know yet (llama.cpp's table is Unicode 15.1): "start[-end]category",
+# hexadecimal
 _WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
                          0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
 _NEWER = ("CF3M ECEM 2FFC-2FFFS 31EFS 10EFD-10EFFM 1123F-11240L 11241M 11B00-11B09P 11F00-11F01M 11F02L 11F03M "
@@ -81,14 +88,17 @@ _NEWER_RANGES = [(int(a, 16), int(b or a, 16), k) for a, b, k in re.findall(r"([
 
 # the collapsed text: one character per code point, its category's stand-in (k_ucat_cpt)
 _CAT_CHAR = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
-# what each \p{...} becomes in a collapsed regex: the stand-in plus the category's ASCII members (k_ucat_map)
+# what each \p{...} becomes in a collapsed regex: the stand-in plus the category's ASCII
+# members (k_ucat_map)
 _CAT_CLASS = {"N": "\xd10-9", "L": "\xd2A-Za-z", "P": "\xd3!-#%-*,-/:-;?-@\\[-\\]_\\{\\}", "M": "\xd4",
               "S": "\xd5\\$\\+<->\\^`\\|~"}
-_UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")     # k_ucat_enum: \p{Lu} and co. mean any letter
+# k_ucat_enum: \p{Lu} and co. mean any letter
+_UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")
 
 
 def category(cp):
-    """The general category's first letter, as llama.cpp's unicode-data.cpp has it ('C' for unassigned)."""
+    """The general category's first letter, as llama.cpp's unicode-data.cpp has it ('C'
+    for unassigned)."""
     cat = unicodedata.category(chr(cp))
     if cat == "Cn":
         return next((k for a, b, k in _NEWER_RANGES if a <= cp <= b), "C")
@@ -150,8 +160,9 @@ def _compiled(expr):
 
 
 def pre_split(text, exprs):
-    """unicode_regex_split: cut text (str) into words, each regex in turn cutting the pieces the previous
-    ones made; what no match covers is a piece of its own. Matching runs on the collapsed text."""
+    """unicode_regex_split: cut text (str) into words, each regex in turn cutting the
+    pieces the previous ones made; what no match covers is a piece of its own. Matching
+    runs on the collapsed text."""
     collapsed = text.translate(_COLLAPSE) if any(_UCAT.search(e) for e in exprs) else None
     plain = text.translate(_SPACES)
     sizes = [len(text)]
@@ -183,7 +194,8 @@ _QWEN2_TAIL = "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 _PRE_REGEXES = {
     "default": ("[\\p{P}\\$\\+<=>\\^~\\|]+", _GPT2, "\\p{N}+", "[0-9][0-9][0-9]"),
     "llama3": (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}" + _QWEN2_TAIL,),
-    # (\u escapes: characters that Unicode normalization would change in a copy of this text)
+    # (\u escapes: characters that Unicode normalization would change in a copy of this
+    # text)
     "deepseek-llm": ("[\r\n]", "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7d"
                      "ᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
                      "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", "\\s+$", "[一-龥ࠀ-一가-\ud7ff]+", "\\p{N}+"),
@@ -204,13 +216,16 @@ class BPEPre:
     name: str
     regexes: tuple
     clean_spaces: bool = True          # the detokenizer's clean_up_tokenization_spaces
-    ignore_merges: bool = False        # a word that is a token is that token, merges or not
+    # a word that is a token is that token, merges or not
+    ignore_merges: bool = False
     add_bos: bool = False              # the default of tokenizer.ggml.add_bos_token
-    byte_level: bool = True            # words in GPT-2's byte alphabet; False: raw UTF-8, <0xXX> byte tokens
+    # words in GPT-2's byte alphabet; False: raw UTF-8, <0xXX> byte tokens
+    byte_level: bool = True
     escape_whitespaces: bool = False   # ' ' -> U+2581 first (SentencePiece-style BPE)
 
 
-# tokenizer.ggml.pre -> (regexes, options): the names llama.cpp's tests cover, and the names llama.cpp
+# tokenizer.ggml.pre -> (regexes, options): the names llama.cpp's tests cover, and the
+# names llama.cpp
 # gives the same regexes and options
 _PRE = {"default": ("default", {})}
 for _names, _rx, _opt in (
@@ -232,7 +247,8 @@ for _names, _rx, _opt in (
 
 
 def bpe_pre(name):
-    """The pre-tokenizer of a tokenizer.ggml.pre name; GGMLError for one not implemented here."""
+    """The pre-tokenizer of a tokenizer.ggml.pre name; GGMLError for one not implemented
+    here."""
     if name not in _PRE:
         raise GGMLError(f"llama: unknown pre-tokenizer type: '{name}' (tokenizer.ggml.pre; implemented here: "
                         f"{', '.join(sorted(_PRE))})")
@@ -241,8 +257,9 @@ def bpe_pre(name):
 
 # %% book/93_llama_product.ipynb #llama-bpe-merge
 def bpe_merge(word, ranks):
-    """llm_tokenizer_bpe_session on one word: start from its characters, merge the neighbouring pair
-    whose merge rule has the lowest rank (the leftmost on a tie) until no neighbours have a rule."""
+    """llm_tokenizer_bpe_session on one word: start from its characters, merge the
+    neighbouring pair whose merge rule has the lowest rank (the leftmost on a tie) until
+    no neighbours have a rule."""
     n = len(word)
     start, size = list(range(n)), [1] * n
     prev, nxt = list(range(-1, n - 1)), [*range(1, n), -1]
@@ -259,7 +276,8 @@ def bpe_merge(word, ranks):
     while heap:
         _, left, right, pair = heapq.heappop(heap)
         if size[left] == 0 or size[right] == 0 or text(left) + text(right) != pair:
-            continue                                   # outdated: one side has merged since
+            # outdated: one side has merged since
+            continue
         size[left] += size[right]
         size[right] = 0
         nxt[left] = nxt[right]
@@ -271,8 +289,9 @@ def bpe_merge(word, ranks):
 
 
 def clean_spaces(text):
-    """llama_vocab::detokenize's clean_up_tokenization_spaces: ' ?' ' !' ' .' ' ,' lose their space,
-    so does a lone apostrophe (both spaces), and " 's" " 'm" " 're" " 've" (" 't" " 'd" " 'll" keep it)."""
+    """llama_vocab::detokenize's clean_up_tokenization_spaces: ' ?' ' !' ' .' ' ,' lose
+    their space, so does a lone apostrophe (both spaces), and " 's" " 'm" " 're" " 've"
+    (" 't" " 'd" " 'll" keep it)."""
     text = re.sub(r" ([?!.,])", r"\1", text)
     out, i = [], 0
     while i < len(text):

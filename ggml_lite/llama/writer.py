@@ -14,7 +14,8 @@ from ggml_lite.types import Type, type_name
 
 # %% book/93_llama_product.ipynb #llama-random
 def _quantize_bytes(x, t):
-    """float32 rows -> the bytes of type t (the gguf package's quantizers, the book's for the K-quants)."""
+    """float32 rows -> the bytes of type t (the gguf package's quantizers, the book's
+    for the K-quants)."""
     import gguf
     from ggml_lite.types import quantize_chunk
     if t == Type.F32:
@@ -27,8 +28,8 @@ def _quantize_bytes(x, t):
 
 
 def _random_weights(hp, rng, tied):
-    """Seeded weights with the shapes llama.cpp expects (numpy order: [ne1, ne0]), scaled so that
-    activations stay near unit size and the logits are well spread."""
+    """Seeded weights with the shapes llama.cpp expects (numpy order: [ne1, ne0]),
+    scaled so that activations stay near unit size and the logits are well spread."""
     e, ff, kv = hp.n_embd, hp.n_ff, hp.n_embd_k_gqa
     g = lambda *shape, s=1.0: (rng.standard_normal(shape) * s).astype(np.float32)
     w = {"token_embd.weight": g(hp.n_vocab, e), "output_norm.weight": 1 + g(e, s=0.1)}
@@ -44,10 +45,11 @@ def _random_weights(hp, rng, tied):
 
 # %% book/93_llama_product.ipynb #llama-writer
 def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, out_type=None, rope_freqs=None):
-    """A llama GGUF file with seeded random weights: 2-D weights in wtype (the output head in
-    out_type, default wtype), norms in F32, the vocabulary cut to n_vocab tokens (an SPM Vocab: its
-    first n_vocab; a BPEVocab: see _bpe_cut), and rope_freqs (n_rot/2 divisors of the rotation
-    frequencies, as Llama 3's rope scaling stores them) when given."""
+    """A llama GGUF file with seeded random weights: 2-D weights in wtype (the output
+    head in out_type, default wtype), norms in F32, the vocabulary cut to n_vocab tokens
+    (an SPM Vocab: its first n_vocab; a BPEVocab: see _bpe_cut), and rope_freqs (n_rot/2
+    divisors of the rotation frequencies, as Llama 3's rope scaling stores them) when
+    given."""
     import gguf
     hp, rng = hparams, np.random.default_rng(seed)
     if hp.n_vocab > vocab.n_tokens:
@@ -79,13 +81,15 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, o
 
 # %% book/93_llama_product.ipynb #llama-writer-vocab
 def _bpe_cut(vocab, n):
-    """A BPE vocabulary cut to n tokens: (token ids kept, merge rules). Its first tokens, then BOS and
-    EOS where they lie beyond (Llama 3's sit at 128000): renumbered, so the file's ids are the
-    positions in this list. A merge rule stays only if both its parts and its result are kept tokens,
-    so no rule makes a piece that is not a token; byte-level vocabularies put their 256 byte
-    characters first, so every text still tokenizes."""
+    """A BPE vocabulary cut to n tokens: (token ids kept, merge rules). Its first
+    tokens, then BOS and EOS where they lie beyond (Llama 3's sit at 128000):
+    renumbered, so the file's ids are the positions in this list. A merge rule stays
+    only if both its parts and its result are kept tokens, so no rule makes a piece that
+    is not a token; byte-level vocabularies put their 256 byte characters first, so
+    every text still tokenizes."""
     extra = [i for i in dict.fromkeys((vocab.bos, vocab.eos)) if i is not None]
-    for _ in range(2):                                   # BOS or EOS inside the head need no slot
+    # BOS or EOS inside the head need no slot
+    for _ in range(2):
         extra = [i for i in extra if i >= n - len(extra)]
     ids = list(range(min(n, vocab.n_tokens) - len(extra))) + extra
     kept = {vocab.tokens[i].decode("utf-8", "surrogateescape") for i in ids}
@@ -95,8 +99,9 @@ def _bpe_cut(vocab, n):
 
 
 def _write_vocab(w, vocab, n):
-    """The tokenizer.ggml.* keys llama.cpp's llama_vocab::load reads: SPM ("llama": tokens, scores,
-    types, BOS/EOS/UNK) or BPE ("gpt2": tokens, types, merges, the pre-tokenizer, BOS/EOS, add_bos)."""
+    """The tokenizer.ggml.* keys llama.cpp's llama_vocab::load reads: SPM ("llama":
+    tokens, scores, types, BOS/EOS/UNK) or BPE ("gpt2": tokens, types, merges, the
+    pre-tokenizer, BOS/EOS, add_bos)."""
     if not isinstance(vocab, BPEVocab):
         w.add_tokenizer_model("llama")
         w.add_token_list(vocab.tokens[:n])
