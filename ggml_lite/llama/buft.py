@@ -16,8 +16,10 @@ from ggml_lite.ops import Op, get_rows, mul, mul_mat, rope_ext
 from ggml_lite.tensor import new_tensor_1d, new_tensor_3d, new_tensor_4d, tensor_overhead
 from ggml_lite.types import Type
 
-# LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (the output head, tied or
-# not, is token_embd's tensor when tied, and then it is looked up as token_embd: GET_ROWS)
+# LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (the output
+# head, tied or
+# not, is token_embd's tensor when tied, and then it is looked up as token_embd:
+# GET_ROWS)
 LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL, "output": Op.MUL_MAT,
                     "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT, "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT,
                     "attn_output": Op.MUL_MAT, "ffn_norm": Op.MUL, "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
@@ -31,9 +33,10 @@ def llama_weight_op(name):
 
 
 def make_buft_list(dev):
-    """llama.cpp's make_cpu_buft_list for the CPU device (its extra buffer types, found through the
-    reg's "ggml_backend_dev_get_extra_bufts", then its own), make_gpu_buft_list for any other
-    (its own buffer type): the buffer types a weight of a layer on dev may go to, best first."""
+    """llama.cpp's make_cpu_buft_list for the CPU device (its extra buffer types, found
+    through the reg's "ggml_backend_dev_get_extra_bufts", then its own),
+    make_gpu_buft_list for any other (its own buffer type): the buffer types a weight of
+    a layer on dev may go to, best first."""
     bufts = []
     if backend_dev_type(dev) == BackendDevType.CPU:
         get_extra = backend_reg_get_proc_address(backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts")
@@ -42,8 +45,9 @@ def make_buft_list(dev):
 
 
 def weight_buft_supported(w, op, buft, dev):
-    """llama.cpp's weight_buft_supported: build, in a scratch context, the node that will read w
-    (a batch of 512 rows), give w a 0-byte dummy buffer of buft, and ask the device."""
+    """llama.cpp's weight_buft_supported: build, in a scratch context, the node that
+    will read w (a batch of 512 rows), give w a 0-byte dummy buffer of buft, and ask the
+    device."""
     ctx = init(mem_size=8 * tensor_overhead(), no_alloc=True)
     try:
         if op == Op.GET_ROWS:
@@ -52,8 +56,10 @@ def weight_buft_supported(w, op, buft, dev):
             node = mul_mat(ctx, w, new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]))
         elif op == Op.MUL:
             node = mul(ctx, new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]), w)
-        elif op == Op.ROPE:      # llama.cpp: a [n_embd_head, n_head, 512] and n_dims 0, which ggml_lite's
-            n_dims = 2 * w.ne[0]  # CPU refuses (no rotation): one head of the dims rope_freqs scales
+        # llama.cpp: a [n_embd_head, n_head, 512] and n_dims 0, which ggml_lite's
+        elif op == Op.ROPE:
+            # CPU refuses (no rotation): one head of the dims rope_freqs scales
+            n_dims = 2 * w.ne[0]
             a = new_tensor_3d(ctx, Type.F32, n_dims, 1, 512)
             node = rope_ext(ctx, a, new_tensor_1d(ctx, Type.I32, 512), w, n_dims, 0, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
         else:
@@ -71,7 +77,8 @@ def weight_buft_supported(w, op, buft, dev):
 
 
 def select_weight_buft(w, op, dev):
-    """llama.cpp's select_weight_buft: the first buffer type of dev's list that can feed w to op."""
+    """llama.cpp's select_weight_buft: the first buffer type of dev's list that can feed
+    w to op."""
     for buft in make_buft_list(dev):
         if weight_buft_supported(w, op, buft, dev):
             return buft
@@ -79,10 +86,11 @@ def select_weight_buft(w, op, dev):
 
 
 def llama_weight_buft(w, name, backend):
-    """Where the loader puts weight w (named name) of a layer on backend. A CPU backend: llama.cpp's
-    choice, select_weight_buft over the CPU device's list (CPU_REPACK first where the weight's op
-    can read it from there). Any other backend: its default buffer type, as before (ggml_lite lets
-    a user put whole layers on BLAS, which llama.cpp only uses as an accelerator of the CPU)."""
+    """Where the loader puts weight w (named name) of a layer on backend. A CPU backend:
+    llama.cpp's choice, select_weight_buft over the CPU device's list (CPU_REPACK first
+    where the weight's op can read it from there). Any other backend: its default buffer
+    type, as before (ggml_lite lets a user put whole layers on BLAS, which llama.cpp
+    only uses as an accelerator of the CPU)."""
     if not backend_is_cpu(backend):
         return backend_get_default_buffer_type(backend)
     buft = select_weight_buft(w, llama_weight_op(name), backend_get_device(backend))
