@@ -37,7 +37,7 @@ def vec_dot_f32(n, x, y):
     return s
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")   # see the quantized dots below
 def vec_dot_f16(n, x, y):
     """ggml_vec_dot_f16 on the uint16 bits of two fp16 rows: 32 at a time, widened by the
     hardware (vload_f16) into two accumulators of 16 float32 lanes; the lanes summed, then the
