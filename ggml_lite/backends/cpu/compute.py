@@ -17,8 +17,10 @@ DEFAULT_N_THREADS = 4            # GGML_DEFAULT_N_THREADS
 
 
 def get_n_tasks(node, n_threads):
-    """ggml_get_n_tasks: how many of n_threads ggml counts for this node (1 for an empty node or a
-    view). It sizes the node's scratch in the work buffer; it does not limit the threads."""
+    """ggml_get_n_tasks: how many of n_threads ggml counts for this node (1 for an
+    empty node or a
+    view). It sizes the node's scratch in the work buffer; it does not limit the
+    threads."""
     if is_empty(node) or op_is_empty(node.op):
         return 1
     return cpu_check_node(node).n_tasks(node, n_threads)
@@ -26,7 +28,8 @@ def get_n_tasks(node, n_threads):
 # %% book/06_cpu_compute.ipynb #9cca3844
 from ggml_lite.graph import graph_check_alive
 
-MIN_WORK_PER_NODE = 1 << 16      # nodes with less work run on one thread (see "The compute loop")
+# nodes with less work run on one thread (see "The compute loop")
+MIN_WORK_PER_NODE = 1 << 16
 
 
 class CPlan:
@@ -34,18 +37,27 @@ class CPlan:
 
     def __init__(self, work_size, n_threads, threadpool=None):
         self.work_size = work_size        # bytes the caller must provide in work_data
-        self.work_data = None             # a uint8 numpy array of at least work_size bytes
+        # a uint8 numpy array of at least work_size bytes
+        self.work_data = None
         self.n_threads = n_threads
         self.threadpool = threadpool      # None: graph_compute uses a pool of its own
-        self.abort_callback = None        # called by thread 0 after each node; True = stop
+        # called by thread 0 after each node; True = stop
+        self.abort_callback = None
         self.abort_callback_data = None
-        self.trace = None                 # a list: record (ith, node index, t0, t1) of every task
-        self.aborted_at = None            # ggml's threadpool->abort: node index + 1, or None
-        self.chunk_owners = {}            # node index -> which thread computed each mul_mat chunk
-        self.min_work_per_node = MIN_WORK_PER_NODE  # 0: every node on all n_threads, as ggml
-        self.python_loop = False          # True: the readable Python loop, not the compiled one
-        self.llamafile = False            # GGML_LLAMAFILE: F32/F16 products to llamafile's sgemm first
-                                          # (llama.cpp builds ggml with it; ggml's own default is off)
+        # a list: record (ith, node index, t0, t1) of every task
+        self.trace = None
+        # ggml's threadpool->abort: node index + 1, or None
+        self.aborted_at = None
+        # node index -> which thread computed each mul_mat chunk
+        self.chunk_owners = {}
+        # 0: every node on all n_threads, as ggml
+        self.min_work_per_node = MIN_WORK_PER_NODE
+        # True: the readable Python loop, not the compiled one
+        self.python_loop = False
+        # GGML_LLAMAFILE: F32/F16 products to llamafile's sgemm first
+        self.llamafile = False
+                                          # (llama.cpp builds ggml with it; ggml's own
+                                          # default is off)
 
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
@@ -57,9 +69,12 @@ def _computes(node):
 
 
 def graph_plan(cgraph, n_threads=DEFAULT_N_THREADS, threadpool=None):
-    """ggml_graph_plan: the thread count and work-buffer size for computing cgraph. A node the
-    CPU has no kernel for (its op, kind, types or layout) raises GGMLError here, naming it, and so
-    does a graph whose memory is gone (its context freed with the pool it owned, or reset)."""
+    """ggml_graph_plan: the thread count and work-buffer size for computing cgraph. A
+    node the
+    CPU has no kernel for (its op, kind, types or layout) raises GGMLError here, naming
+    it, and so
+    does a graph whose memory is gone (its context freed with the pool it owned, or
+    reset)."""
     graph_check_alive(cgraph, "graph_plan")
     if threadpool is not None:
         n_threads = threadpool.n_threads
@@ -154,28 +169,37 @@ def _default_pool(n_threads):
     return _DEFAULT_POOLS[n_threads]
 
 
-_PREPARED = weakref.WeakKeyDictionary()       # cgraph -> _Prepared, the tasks of its last compute
+# cgraph -> _Prepared, the tasks of its last compute
+_PREPARED = weakref.WeakKeyDictionary()
 
 
 class _Prepared:
-    """A graph's tasks, its program, and what they were made for: every address they use, the
-    work buffer, the thread count. Any change (a re-allocation, a new plan) means preparing again."""
+    """A graph's tasks, its program, and what they were made for: every address they
+    use, the
+    work buffer, the thread count. Any change (a re-allocation, a new plan) means
+    preparing again."""
 
     def __init__(self, cgraph, cplan):
-        p = Preparing(cplan.work_data, cplan.n_threads, cplan.llamafile)   # views shared by tasks and program
+        # views shared by tasks and program
+        p = Preparing(cplan.work_data, cplan.n_threads, cplan.llamafile)
         self.tasks, self.chunk_owners = _make_tasks(cgraph, cplan, p)
         self.nodes = list(cgraph.nodes)
         self.srcs = [list(n.src) for n in cgraph.nodes]
-        self.ctx_plan = None                 # graph_compute_with_ctx's (n_threads asked, CPlan) for this graph
-        self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n, *n.src) if t is not None]
+        # graph_compute_with_ctx's (n_threads asked, CPlan) for this graph
+        self.ctx_plan = None
+        self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n,
+                                                                      *n.src) if t is not None]
         self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
         self.min_work, self.llamafile = cplan.min_work_per_node, cplan.llamafile
         self.native = None if self.traced else _Native(cgraph, cplan, self.tasks, p)
-        self.uid, self.cplan = cgraph.uid, weakref.ref(cplan)   # weak: a plan holds its threadpool
+        # weak: a plan holds its threadpool
+        self.uid, self.cplan = cgraph.uid, weakref.ref(cplan)
 
     def fits(self, cgraph, cplan):
-        """Still valid for this graph and plan? (checked without allocating). The same plan object
-        for a graph of the same nonzero uid (the scheduler's, which it changes whenever it splits
+        """Still valid for this graph and plan? (checked without allocating). The same
+        plan object
+        for a graph of the same nonzero uid (the scheduler's, which it changes whenever
+        it splits
         and allocates again) is taken on trust: no Python walk over the nodes."""
         if cgraph.uid != 0 and cgraph.uid == self.uid and cplan is self.cplan():
             return True
@@ -187,8 +211,10 @@ class _Prepared:
                 and self.llamafile == cplan.llamafile)
 
     def unchanged(self, cgraph):
-        """The same nodes in the same order, each with the same sources, every address the same:
-        a walk over the nodes that compares, without making anything (~0.1 µs a node)."""
+        """The same nodes in the same order, each with the same sources, every address
+        the same:
+        a walk over the nodes that compares, without making anything (~0.1 µs a
+        node)."""
         return (len(self.nodes) == len(cgraph.nodes)
                 and all(a is b for a, b in zip(self.nodes, cgraph.nodes))
                 and all(n.src == s for n, s in zip(cgraph.nodes, self.srcs))
@@ -196,23 +222,31 @@ class _Prepared:
 
 # %% book/06_cpu_compute.ipynb #graph-compute
 def graph_compute(cgraph, cplan):
-    """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads, in the
-    compiled loop (graph_compute_thread), or in the Python loop when the plan is traced or
+    """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads,
+    in the
+    compiled loop (graph_compute_thread), or in the Python loop when the plan is traced
+    or
     cplan.python_loop is set."""
     return _compute(cgraph, cplan, _PREPARED.get(cgraph), False)
 
 
 def _compute(cgraph, cplan, prepared, unchanged):
-    """graph_compute with the graph's _Prepared (or None), and whether the caller has just seen
-    the graph unchanged since it was prepared (then only the plan's fields are compared)."""
-    graph_check_alive(cgraph, "graph_compute")      # a tensor whose memory is gone is refused
+    """graph_compute with the graph's _Prepared (or None), and whether the caller has
+    just seen
+    the graph unchanged since it was prepared (then only the plan's fields are
+    compared)."""
+    # a tensor whose memory is gone is refused
+    graph_check_alive(cgraph, "graph_compute")
     if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
         have = 0 if cplan.work_data is None else cplan.work_data.nbytes
-        raise GGMLError(f"graph_compute: GGML_ASSERT(cplan->work_size == 0 || cplan->work_data != NULL) "
-                        f"failed: the plan needs a work buffer of {cplan.work_size} bytes, work_data has {have}")
+        raise GGMLError(f"graph_compute: GGML_ASSERT(cplan->work_size == 0 || "
+                        f"cplan->work_data != NULL) "
+                        f"failed: the plan needs a work buffer of {cplan.work_size} "
+                        f"bytes, work_data has {have}")
     tp = cplan.threadpool or _default_pool(cplan.n_threads)
     if tp.n_threads < cplan.n_threads:
-        raise GGMLError(f"graph_compute: the threadpool has {tp.n_threads} threads, the plan needs {cplan.n_threads}")
+        raise GGMLError(f"graph_compute: the threadpool has {tp.n_threads} threads, "
+                        f"the plan needs {cplan.n_threads}")
     if prepared is None or not (prepared.same_plan(cplan) if unchanged else prepared.fits(cgraph, cplan)):
         prepared = _PREPARED[cgraph] = _Prepared(cgraph, cplan)
     tasks, cplan.chunk_owners = prepared.tasks, prepared.chunk_owners
@@ -225,13 +259,17 @@ def _compute(cgraph, cplan, prepared, unchanged):
 
 
 def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
-    """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool, compute. The plan
-    of the graph's last compute here is taken again when the graph is unchanged (its nodes, their
-    sources and addresses: _Prepared.unchanged); any change plans it anew, in graph_plan."""
+    """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool,
+    compute. The plan
+    of the graph's last compute here is taken again when the graph is unchanged (its
+    nodes, their
+    sources and addresses: _Prepared.unchanged); any change plans it anew, in
+    graph_plan."""
     prepared = _PREPARED.get(cgraph)
     last = prepared.ctx_plan if prepared is not None else None
     unchanged = last is not None and last[0] == n_threads and prepared.unchanged(cgraph)
-    cplan = CPlan(last[1].work_size, last[1].n_threads) if unchanged else graph_plan(cgraph, n_threads)
+    cplan = CPlan(last[1].work_size,
+                  last[1].n_threads) if unchanged else graph_plan(cgraph, n_threads)
     if cplan.work_size > 0:
         offs = new_object(ctx, ObjectType.WORK_BUFFER, cplan.work_size)
         cplan.work_data = ctx.mem_buffer[offs:offs + cplan.work_size]
@@ -248,7 +286,8 @@ _NORM_KIND = {Op.RMS_NORM: P.TASK_RMS_NORM, Op.NORM: P.TASK_NORM}
 
 
 def _f32s(*arrays):
-    """True when every array is float32 and C-contiguous: what the compiled tasks take."""
+    """True when every array is float32 and C-contiguous: what the compiled tasks
+    take."""
     return all(a is not None and a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
 
@@ -264,7 +303,8 @@ def _lower_scale(node, p, nth):
     a, d = p.view(node.src[0]), p.view(node)
     if not _f32s(a, d) or a.shape != d.shape:
         return None
-    return [(P.TASK_SCALE, [], (d, a), (get_op_params_f32(node, 0), get_op_params_f32(node, 1)))]
+    return [(P.TASK_SCALE, [], (d, a), (get_op_params_f32(node, 0),
+                                        get_op_params_f32(node, 1)))]
 
 
 def _lower_norm(node, p, nth):
@@ -279,12 +319,14 @@ from ggml_lite.backends.cpu import ops as K
 from ggml_lite.backends.cpu import unary_ops as U
 from ggml_lite.backends.cpu.table import glu_args, rope_args, soft_max_args
 
-_STORAGE = {np.dtype(np.float32): P.ST_F32, np.dtype(np.uint16): P.ST_U16, np.dtype(np.uint8): P.ST_U8,
+_STORAGE = {np.dtype(np.float32): P.ST_F32, np.dtype(np.uint16): P.ST_U16,
+            np.dtype(np.uint8): P.ST_U8,
             np.dtype(np.int32): P.ST_I32, np.dtype(np.int64): P.ST_I64}
 
 
 def _operands(f, *args):
-    """f(*args), or None where the kernel's checks refuse them (its Python kernel will say why)."""
+    """f(*args), or None where the kernel's checks refuse them (its Python kernel will
+    say why)."""
     try:
         return f(*args)
     except GGMLError:
@@ -292,11 +334,13 @@ def _operands(f, *args):
 
 
 def _flat4(x):
-    return x.reshape(1, 1, 1, -1)          # a 1-D contiguous array as the 4-D view a slot holds
+    # a 1-D contiguous array as the 4-D view a slot holds
+    return x.reshape(1, 1, 1, -1)
 
 
 def _lower_get_rows(node, p, nth):
-    ops = _operands(C.get_rows_operands, p.view(node.src[0]), p.view(node.src[1]), p.view(node), node.src[0].type)
+    ops = _operands(C.get_rows_operands, p.view(node.src[0]), p.view(node.src[1]),
+                    p.view(node), node.src[0].type)
     if ops is None:
         return None
     a, ta, idx, d = ops
@@ -304,11 +348,14 @@ def _lower_get_rows(node, p, nth):
 
 
 def _lower_set_rows(node, p, nth):
-    ops = _operands(C.set_rows_operands, p.view(node.src[0]), p.view(node.src[1]), p.view(node), node.type)
+    ops = _operands(C.set_rows_operands, p.view(node.src[0]), p.view(node.src[1]),
+                    p.view(node), node.type)
     if ops is None:
         return None
     b, idx, d, td = ops
-    return [(P.TASK_SET_ROWS, [int(td), _STORAGE[d.dtype], _STORAGE[idx.dtype]], (d, b, idx), ())]
+    return [(P.TASK_SET_ROWS, [int(td), _STORAGE[d.dtype], _STORAGE[idx.dtype]], (d, b,
+                                                                                  idx),
+             ())]
 
 
 def _lower_rope(node, p, nth):
@@ -316,7 +363,8 @@ def _lower_rope(node, p, nth):
     if ops is None or not (ops[1].flags.c_contiguous and ops[2].flags.c_contiguous):
         return None
     a, pos, ff, d, ta, has_ff, n_dims, mode, *params = ops
-    return [(P.TASK_ROPE, [ta, int(has_ff), n_dims, mode, _STORAGE[a.dtype]], (d, a, _flat4(pos), _flat4(ff)), params)]
+    return [(P.TASK_ROPE, [ta, int(has_ff), n_dims, mode, _STORAGE[a.dtype]], (d, a,
+                                                                               _flat4(pos), _flat4(ff)), params)]
 
 
 def _lower_soft_max(node, p, nth):
@@ -324,7 +372,8 @@ def _lower_soft_max(node, p, nth):
     if ops is None:
         return None
     a, m, d, tm, has_mask, scale, max_bias = ops
-    return [(P.TASK_SOFT_MAX, [tm, int(has_mask), _STORAGE[m.dtype]], (d, a, m), (scale, max_bias))]
+    return [(P.TASK_SOFT_MAX, [tm, int(has_mask), _STORAGE[m.dtype]], (d, a, m), (scale,
+                                                                                  max_bias))]
 
 
 def _lower_glu(node, p, nth):
@@ -332,11 +381,13 @@ def _lower_glu(node, p, nth):
     if ops is None:
         return None
     op, a, b, d, offa, offb, ta, alpha, limit = ops
-    return [(P.TASK_GLU, [op, offa, offb, ta, _STORAGE[a.dtype]], (d, a, b), (alpha, limit))]
+    return [(P.TASK_GLU, [op, offa, offb, ta, _STORAGE[a.dtype]], (d, a, b), (alpha,
+                                                                              limit))]
 
 
 def _lower_dup(node, p, nth):
-    ops = _operands(C.dup_operands, p.view(node.src[0]), p.view(node), node.src[0].type, node.type)
+    ops = _operands(C.dup_operands, p.view(node.src[0]), p.view(node), node.src[0].type,
+                    node.type)
     if ops is None:
         return None
     kernel, args = ops
@@ -351,26 +402,35 @@ def _lower_dup(node, p, nth):
 
 # %% book/92_making_python_fast.ipynb #native-lower-mul-mat
 def mul_mat_src1_row(vdt, convert, d, a, b, w4):
-    """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer (w4) when
-    convert, then the chunk counter set to the thread count (also used by 07c's repacked kernel)."""
-    return (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, row_size(vdt, b.shape[3]), blck_size(vdt),
+    """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer
+    (w4) when
+    convert, then the chunk counter set to the thread count (also used by 07c's
+    repacked kernel)."""
+    return (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1, row_size(vdt,
+                                                                        b.shape[3]),
+                                  blck_size(vdt),
                                   type_size(vdt)], (d, a, b, w4), ())
 
 
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
     kernel = cpu_kernel(node)
-    if kernel is not CPU_KERNELS[Op.MUL_MAT]:        # an extra buffer type's kernel (07c): its own rows,
-        return kernel.lower(node, p, nth) if kernel.lower is not None else None    # or called back
+    # an extra buffer type's kernel (07c): its own rows,
+    if kernel is not CPU_KERNELS[Op.MUL_MAT]:
+        # or called back
+        return kernel.lower(node, p, nth) if kernel.lower is not None else None
     t, src1 = node.src[0].type, node.src[1]
     a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
     sg = mul_mat_sgemm(node, a, b, d, p.wdata, nth) if p.llamafile else None
-    if sg is not None:                               # llamafile's sgemm: src1 to F16 first, or only the counter
+    # llamafile's sgemm: src1 to F16 first, or only the counter
+    if sg is not None:
         conv, A, B, C, ld, *ints = sg
-        vdt, f4 = V.get_type_traits_cpu(t).vec_dot_type, lambda x: x.reshape(1, 1, 1, -1)
+        vdt, f4 = V.get_type_traits_cpu(t).vec_dot_type, lambda x: x.reshape(1, 1, 1,
+                                                                             -1)
         w4 = f4(p.wdata) if conv else f4(np.zeros(1, np.uint8))
         return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
-                (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]], (f4(C), f4(A), f4(B), f4(ld)), ())]
+                (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]], (f4(C), f4(A), f4(B),
+                                                            f4(ld)), ())]
     if a.dtype == np.float16:
         a = a.view(np.uint16)
     vdt = V.get_type_traits_cpu(t).vec_dot_type
@@ -386,26 +446,37 @@ def _lower_mul_mat(node, p, nth):
         kind, y = P.TASK_MUL_MAT_Q, b
     elif t == Type.F32:
         kind, y = P.TASK_MUL_MAT_F32, b
-    else:                                            # F16 / BF16: src1 as is, or converted in wdata
+    # F16 / BF16: src1 as is, or converted in wdata
+    else:
         kind = P.TASK_MUL_MAT_F16
-        y = w[:row_size(vdt, b.size)].view(np.uint16).reshape(b.shape) if convert else b.view(np.uint16)
+        y = w[:row_size(vdt,
+                        b.size)].view(np.uint16).reshape(b.shape) if convert else b.view(np.uint16)
     if not d.flags.c_contiguous or d.dtype != np.float32 or (is_quantized(t) and not a.flags.c_contiguous):
-        return None                                  # (float weights and src1 may be strided)
+        # (float weights and src1 may be strided)
+        return None
     return [src1_task, (kind, [int(t), n, rs, *chunks], (d, a, y, w4), ())]
 
 
-_LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary, Op.DIV: _lower_binary,
-          Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm, Op.MUL_MAT: _lower_mul_mat,
-          Op.GET_ROWS: _lower_get_rows, Op.SET_ROWS: _lower_set_rows, Op.ROPE: _lower_rope,
-          Op.SOFT_MAX: _lower_soft_max, Op.GLU: _lower_glu, Op.CPY: _lower_dup, Op.CONT: _lower_dup,
+_LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary,
+          Op.DIV: _lower_binary,
+          Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm,
+          Op.MUL_MAT: _lower_mul_mat,
+          Op.GET_ROWS: _lower_get_rows, Op.SET_ROWS: _lower_set_rows,
+          Op.ROPE: _lower_rope,
+          Op.SOFT_MAX: _lower_soft_max, Op.GLU: _lower_glu, Op.CPY: _lower_dup,
+          Op.CONT: _lower_dup,
           Op.DUP: _lower_dup}
 
 # %% book/92_making_python_fast.ipynb #native-lower2
 def _lower(cgraph, cplan, tasks, p):
-    """The program: one row per task, compiled where _LOWER has the node's kernel (F32 and
-    contiguous for the element-wise ops), a call back to the task's Python kernel otherwise.
-    p: the Preparing the tasks were made with, so each tensor's numpy view is made once. The
-    arrays the rows point at are returned too: the program must keep the ones made for it."""
+    """The program: one row per task, compiled where _LOWER has the node's kernel (F32
+    and
+    contiguous for the element-wise ops), a call back to the task's Python kernel
+    otherwise.
+    p: the Preparing the tasks were made with, so each tensor's numpy view is made
+    once. The
+    arrays the rows point at are returned too: the program must keep the ones made for
+    it."""
     prog = np.zeros((len(tasks), P.ROW_SIZE), np.int64)
     fp = np.zeros((len(tasks), P.N_FPARAMS), np.float32)
     k, keep = 0, []
@@ -417,11 +488,13 @@ def _lower(cgraph, cplan, tasks, p):
         if rows is None or len(rows) != len(node_tasks):
             rows = [(P.TASK_PYTHON, [], (), ())] * len(node_tasks)
         for kind, args, arrays, fparams in rows:
-            prog[k, P.KIND], prog[k, P.NTH], prog[k, P.NODE] = kind, tasks[k].nth, tasks[k].index
+            prog[k, P.KIND], prog[k, P.NTH], prog[k,
+                                                  P.NODE] = kind, tasks[k].nth, tasks[k].index
             prog[k, P.ARG:P.ARG + len(args)] = args
             for s, arr in enumerate(arrays):
                 P.set_slot(prog[k], s, arr)
-                prog[k, P.STRIDED] |= 0 if arr.flags.c_contiguous else 1 << s    # a bit per slot
+                # a bit per slot
+                prog[k, P.STRIDED] |= 0 if arr.flags.c_contiguous else 1 << s
             fp[k, :len(fparams)] = fparams
             keep.append(arrays)
             k += 1
@@ -429,16 +502,19 @@ def _lower(cgraph, cplan, tasks, p):
 
 # %% book/92_making_python_fast.ipynb #native-class
 class _Native:
-    """A graph's program and what its workers share, and the Python side of its call-backs."""
+    """A graph's program and what its workers share, and the Python side of its
+    call-backs."""
     _slots = iter(range(1, 1 << 62))
 
     def __init__(self, cgraph, cplan, tasks, p):
         self.tasks = tasks
         self.prog, self.fp, self.arrays = _lower(cgraph, cplan, tasks, p)
         self.state = np.zeros(P.STATE_SIZE, np.int64)
-        self.owner = np.zeros(0, np.int32)            # no chunk record (a traced plan runs the Python loop)
+        # no chunk record (a traced plan runs the Python loop)
+        self.owner = np.zeros(0, np.int32)
         self.errors, self.cplan = [], None
-        self.python_calls = 0                         # call-backs into Python so far (all threads)
+        # call-backs into Python so far (all threads)
+        self.python_calls = 0
         self.slot = next(self._slots)
         P.PROGRAMS[self.slot] = self
 
@@ -452,7 +528,8 @@ class _Native:
             task.run(ith, nth)
             return 0
         except Exception as e:
-            err = GGMLError(f"graph_compute: node {task.index} '{task.node.name}' ({task.node.op.name}) "
+            err = GGMLError(f"graph_compute: node {task.index} '{task.node.name}' "
+                            f"({task.node.op.name}) "
                             f"failed on thread {ith}: {type(e).__name__}: {e}")
             err.__cause__ = e
             self.errors.append((ith, err))
@@ -461,7 +538,8 @@ class _Native:
     def ask_abort(self):
         try:
             return 1 if self.cplan.abort_callback(self.cplan.abort_callback_data) else 0
-        except BaseException as e:                    # raised in the caller, as the Python loop does
+        # raised in the caller, as the Python loop does
+        except BaseException as e:
             self.errors.append((0, e))
             return 2
 

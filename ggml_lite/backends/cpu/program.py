@@ -16,17 +16,22 @@ SPINS_BEFORE_YIELD = 1 << 12
 
 @njit(cache=True, nogil=True)
 def barrier(state):
-    """ggml_barrier (as built without OpenMP): the last of n_threads to arrive resets the count and
-    bumps n_barrier_passed; the others spin until it moves. ggml makes the loads relaxed and puts
-    sequentially consistent fences around them; here every access is sequentially consistent.
-    Unlike ggml, a waiter yields its core every SPINS_BEFORE_YIELD spins: on a machine with
+    """ggml_barrier (as built without OpenMP): the last of n_threads to arrive resets
+    the count and
+    bumps n_barrier_passed; the others spin until it moves. ggml makes the loads
+    relaxed and puts
+    sequentially consistent fences around them; here every access is sequentially
+    consistent.
+    Unlike ggml, a waiter yields its core every SPINS_BEFORE_YIELD spins: on a machine
+    with
     more threads than cores, the thread it waits for may need that core."""
     n_threads = state[N_THREADS]
     if n_threads == 1:
         return
     passed = atomic_load(state, N_BARRIER_PASSED)
     if atomic_fetch_add_seq(state, N_BARRIER, 1) == n_threads - 1:
-        atomic_store(state, N_BARRIER, 0)                  # last to arrive: everyone may go
+        # last to arrive: everyone may go
+        atomic_store(state, N_BARRIER, 0)
         atomic_fetch_add_seq(state, N_BARRIER_PASSED, 1)
         return
     spins = 0
@@ -37,8 +42,10 @@ def barrier(state):
             sched_yield()
 
 # %% book/06_cpu_compute.ipynb #native-layout
-# One row of int64 per task. ARG: 8 integers of the task's kind, the last (STRIDED) saying which
-# arrays are strided. SLOT: 4 arrays (dst, src0, src1, extra), each as its address, 4 ne and 4
+# One row of int64 per task. ARG: 8 integers of the task's kind, the last (STRIDED)
+# saying which
+# arrays are strided. SLOT: 4 arrays (dst, src0, src1, extra), each as its address, 4 ne
+# and 4
 # strides in bytes, in numpy's order (ne3 first).
 KIND, NTH, NODE, ARG, SLOT = 0, 1, 2, 3, 11
 STRIDED = ARG + 7
@@ -47,22 +54,30 @@ N_FPARAMS = 8                      # float32 op params per task, in a second arr
 
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
  TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16,
- TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP, TASK_EXTRA,
+ TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP,
+ TASK_EXTRA,
  TASK_SGEMM) = range(18)
 
-# How a slot's elements are stored, for the kinds that take several: float32, the bits of
+# How a slot's elements are stored, for the kinds that take several: float32, the bits
+# of
 # F16/BF16, the bytes of quantized blocks, int32, int64.
 ST_F32, ST_U16, ST_U8, ST_I32, ST_I64 = range(5)
 
 # %% book/06_cpu_compute.ipynb #native-loop
 @njit(cache=True, nogil=True, error_model="numpy")
 def graph_compute_thread(prog, fp, state, owner, slot, ith):
-    """ggml_graph_compute_thread: every thread walks every task of the program, meeting the
-    others at a barrier before a task that several threads share (and after one), and at one
-    last barrier before it returns, so no thread leaves while another still computes. A failure
-    or an abort in task k writes k + 1 to state[ABORT] before the next barrier; after the barrier
-    before task j, a thread stops if ABORT is in 1..j, i.e. was written before that barrier.
-    So all threads stop at the same barrier, and none is left waiting (ggml's threadpool->abort
+    """ggml_graph_compute_thread: every thread walks every task of the program, meeting
+    the
+    others at a barrier before a task that several threads share (and after one), and
+    at one
+    last barrier before it returns, so no thread leaves while another still computes. A
+    failure
+    or an abort in task k writes k + 1 to state[ABORT] before the next barrier; after
+    the barrier
+    before task j, a thread stops if ABORT is in 1..j, i.e. was written before that
+    barrier.
+    So all threads stop at the same barrier, and none is left waiting (ggml's
+    threadpool->abort
     holds a node number for the same reason)."""
     shared_before = False
     for k in range(prog.shape[0]):
@@ -75,7 +90,8 @@ def graph_compute_thread(prog, fp, state, owner, slot, ith):
                 break
         if ith < nth and atomic_load(state, ABORT) == 0:
             if run_task(prog, fp, k, ith, nth, state, owner, slot) != 0:
-                atomic_store(state, STOPPED, -1)                   # failed: stop at the next barrier
+                # failed: stop at the next barrier
+                atomic_store(state, STOPPED, -1)
                 atomic_store(state, ABORT, k + 1)
         if ith == 0 and state[HAS_ABORT] != 0 and atomic_load(state, ABORT) == 0:
             asked = _call_abort(slot)
@@ -85,100 +101,21 @@ def graph_compute_thread(prog, fp, state, owner, slot, ith):
         shared_before = shared
     barrier(state)
 
-# %% book/92_making_python_fast.ipynb #native-atomics-ops
-import platform
-
+# %% book/92_making_python_fast.ipynb #d071b422
 from llvmlite import ir
 from numba import objmode, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
+from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load, atomic_store,
+                                            cpu_relax, sched_yield)
 
-def _item(context, builder, arrty, arr, idx):
-    ary = context.make_array(arrty)(context, builder, arr)
-    return cgutils.get_item_pointer(context, builder, arrty, ary, [idx])
-
-
-def _int64_vector(a):
-    return isinstance(a, types.Array) and a.dtype == types.int64 and a.ndim == 1
-
-
-@intrinsic
-def atomic_load(typingctx, a, i):
-    """C's atomic_load(&a[i]) on an int64 array, sequentially consistent."""
-    if not _int64_vector(a):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(_item(context, builder, sig.args[0], *args), "seq_cst", 8)
-    return types.int64(a, i), codegen
-
-
-@intrinsic
-def atomic_store(typingctx, a, i, v):
-    """C's atomic_store(&a[i], v), sequentially consistent."""
-    if not _int64_vector(a):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = context.cast(builder, args[2], sig.args[2], types.int64)
-        builder.store_atomic(v, _item(context, builder, sig.args[0], args[0], args[1]), "seq_cst", 8)
-        return context.get_dummy_value()
-    return types.none(a, i, v), codegen
-
-
-@intrinsic
-def atomic_fetch_add_seq(typingctx, a, i, v):
-    """C's atomic_fetch_add(&a[i], v), sequentially consistent (a full fence, as the barrier needs)."""
-    if not _int64_vector(a):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = context.cast(builder, args[2], sig.args[2], types.int64)
-        return builder.atomic_rmw("add", _item(context, builder, sig.args[0], args[0], args[1]), v, "seq_cst")
-    return types.int64(a, i, v), codegen
-
-# %% book/92_making_python_fast.ipynb #native-spin-helpers
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
-
-
-@intrinsic
-def cpu_relax(typingctx):
-    """ggml_thread_cpu_relax: x86's pause (_mm_pause) in a spin loop; nothing elsewhere."""
-    def codegen(context, builder, sig, args):
-        if _X86:
-            pause = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                                   "llvm.x86.sse2.pause")
-            builder.call(pause, [])
-        return context.get_dummy_value()
-    return types.none(), codegen
-
-
-@intrinsic
-def sched_yield(typingctx):
-    """The C library's sched_yield(): give the core to another thread for a moment."""
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
-        builder.call(fn, [])
-        return context.get_dummy_value()
-    return types.none(), codegen
-
-
-@intrinsic
-def cycle_counter(typingctx):
-    """LLVM's readcyclecounter: the time-stamp counter on x86 (0 where a CPU has none)."""
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
-                                            "llvm.readcyclecounter")
-        return builder.call(fn, [])
-    return types.int64(), codegen
-
-# %% book/92_making_python_fast.ipynb #d071b422
 def _view_intrinsic(layout):
     @intrinsic
     def view(typingctx, addr, shape, strides, dtype):
-        if not (isinstance(shape, types.UniTuple) and isinstance(dtype, types.NumberClass)):
+        if not (isinstance(shape, types.UniTuple) and isinstance(dtype,
+                                                                 types.NumberClass)):
             return None
         arrty = types.Array(dtype.instance_type, shape.count, layout)
 
@@ -188,15 +125,20 @@ def _view_intrinsic(layout):
             populate_array(ary, data=builder.inttoptr(args[0], lty.as_pointer()),
                            shape=cgutils.unpack_tuple(builder, args[1]),
                            strides=cgutils.unpack_tuple(builder, args[2]),
-                           itemsize=context.get_constant(types.intp, context.get_abi_sizeof(lty)), meminfo=None)
+                           itemsize=context.get_constant(types.intp,
+                                                         context.get_abi_sizeof(lty)),
+                           meminfo=None)
             return ary._getvalue()
         return arrty(addr, shape, strides, dtype), codegen
     return view
 
 
-# An array over memory that some numpy array owns: no reference is counted, nothing allocated
-# (the program lives no longer than the tensors it points at). make_view's array is C-contiguous
-# (numba computes an element's place from the shape); make_strided_view's has any byte strides
+# An array over memory that some numpy array owns: no reference is counted, nothing
+# allocated
+# (the program lives no longer than the tensors it points at). make_view's array is
+# C-contiguous
+# (numba computes an element's place from the shape); make_strided_view's has any byte
+# strides
 # (numba's layout "A": from the strides), for views, permutes and transposes.
 make_view = _view_intrinsic("C")
 make_strided_view = _view_intrinsic("A")
@@ -205,22 +147,29 @@ make_strided_view = _view_intrinsic("A")
 @njit(cache=True, nogil=True, inline="always")
 def _array(prog, k, s, dtype):
     o = SLOT + 9 * s
-    return make_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
-                     (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]), dtype)
+    return make_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3],
+                                  prog[k, o + 4]),
+                     (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]),
+                     dtype)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _strided(prog, k, s, dtype):
     o = SLOT + 9 * s
-    return make_strided_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
-                             (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]), dtype)
+    return make_strided_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k,
+                                                                               o + 3],
+                                          prog[k, o + 4]),
+                             (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k,
+                                                                                   o + 8]), dtype)
 
 
-slot_view = _array         # (public: an extra buffer type's compiled task reads its slots with it, 07c)
+# (public: an extra buffer type's compiled task reads its slots with it, 07c)
+slot_view = _array
 
 
 def set_slot(row, s, arr):
-    """Write the 4-D array arr (C-contiguous, or strided where the kind reads it strided) into
+    """Write the 4-D array arr (C-contiguous, or strided where the kind reads it
+    strided) into
     slot s of a program row."""
     o = SLOT + 9 * s
     row[o] = arr.ctypes.data
@@ -230,14 +179,16 @@ def set_slot(row, s, arr):
 # %% book/92_making_python_fast.ipynb #native-run
 import weakref
 
-PROGRAMS = weakref.WeakValueDictionary()   # slot -> the Python object that answers call-backs
+# slot -> the Python object that answers call-backs
+PROGRAMS = weakref.WeakValueDictionary()
 
 
 def _python_task(slot, k, ith, nth):
     program = PROGRAMS[slot]
     try:
         return program.run_python_task(k, ith, nth)
-    except BaseException as e:      # KeyboardInterrupt, SystemExit: raised once the threads have met
+    # KeyboardInterrupt, SystemExit: raised once the threads have met
+    except BaseException as e:
         program.errors.append((ith, e))
         return 1
 
@@ -246,7 +197,8 @@ def _python_abort(slot):
     return PROGRAMS[slot].ask_abort()
 
 
-# No nogil=True on these two: they are only called from compiled code (which released the GIL
+# No nogil=True on these two: they are only called from compiled code (which released
+# the GIL
 # when Python called it); the objmode block takes the GIL back for the call.
 @njit(cache=True)
 def _call_python_task(slot, k, ith, nth):
@@ -275,12 +227,23 @@ def _get_rows_task(prog, k, ith, nth):
     t, s, f32 = prog[k, ARG], prog[k, ARG + 1], np.float32
     idx = _strided(prog, k, 2, np.int32)
     if s == ST_F32:
-        return C.get_rows_kernel(_strided(prog, k, 1, f32), t, idx, _strided(prog, k, 0, f32), ith, nth)
+        return C.get_rows_kernel(_strided(prog, k, 1, f32), t, idx, _strided(prog, k, 0,
+                                                                             f32), ith,
+                                 nth)
     if s == ST_U16:
-        return C.get_rows_kernel(_strided(prog, k, 1, np.uint16), t, idx, _strided(prog, k, 0, f32), ith, nth)
+        return C.get_rows_kernel(_strided(prog, k, 1, np.uint16), t, idx, _strided(prog,
+                                                                                   k, 0,
+                                                                                   f32),
+                                 ith, nth)
     if s == ST_U8:
-        return C.get_rows_kernel(_strided(prog, k, 1, np.uint8), t, idx, _strided(prog, k, 0, f32), ith, nth)
-    return C.get_rows_kernel(_strided(prog, k, 1, np.int32), t, idx, _strided(prog, k, 0, np.int32), ith, nth)
+        return C.get_rows_kernel(_strided(prog, k, 1, np.uint8), t, idx, _strided(prog,
+                                                                                  k, 0,
+                                                                                  f32),
+                                 ith, nth)
+    return C.get_rows_kernel(_strided(prog, k, 1, np.int32), t, idx, _strided(prog, k,
+                                                                              0,
+                                                                              np.int32),
+                             ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -303,25 +266,36 @@ def _set_rows_task(prog, k, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _rope_task(prog, fp, k, ith, nth):
     a = ARG
-    pos, ff = _strided(prog, k, 2, np.int32)[0, 0, 0], _strided(prog, k, 3, np.float32)[0, 0, 0]
-    t, has_ff, n_dims, mode = prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k, a + 3]
+    pos, ff = _strided(prog, k, 2, np.int32)[0, 0, 0], _strided(prog, k, 3,
+                                                                np.float32)[0, 0, 0]
+    t, has_ff, n_dims, mode = prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k,
+                                                                                    a + 3]
     if prog[k, a + 4] == ST_F32:
         x, y = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3],
+        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k,
+                                                                                     2],
+                      fp[k, 3],
                       fp[k, 4], fp[k, 5], ith, nth)
     else:
         x, y = _strided(prog, k, 1, np.uint16), _strided(prog, k, 0, np.uint16)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3],
+        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k,
+                                                                                     2],
+                      fp[k, 3],
                       fp[k, 4], fp[k, 5], ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max_task(prog, fp, k, ith, nth):
-    x, y, tm, has_mask = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32), prog[k, ARG], prog[k, ARG + 1] != 0
+    x, y, tm, has_mask = _strided(prog, k, 1, np.float32), _strided(prog, k, 0,
+                                                                    np.float32), prog[k,
+                                                                                      ARG], prog[k, ARG + 1] != 0
     if prog[k, ARG + 2] == ST_F32:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask, fp[k, 0], fp[k, 1], ith, nth)
+        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask, fp[k,
+                                                                                   0],
+                          fp[k, 1], ith, nth)
     else:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask, fp[k, 0], fp[k, 1], ith, nth)
+        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask, fp[k, 0],
+                          fp[k, 1], ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -330,33 +304,48 @@ def _glu_task(prog, fp, k, ith, nth):
     op, offa, offb, t = prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3]
     if prog[k, a + 4] == ST_F32:
         dt = np.float32
-        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), _strided(prog, k, 0, dt),
+        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
+                     _strided(prog, k, 0, dt),
                      offa, offb, t, fp[k, 0], fp[k, 1], ith, nth)
     else:
         dt = np.uint16
-        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), _strided(prog, k, 0, dt),
+        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
+                     _strided(prog, k, 0, dt),
                      offa, offb, t, fp[k, 0], fp[k, 1], ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_task(prog, k, ith, nth):
-    """The float copy (cpy, cont, dup) between F32 and F16/BF16 bits, any strides on both sides."""
-    ta, td, same, s = prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0, prog[k, ARG + 3]
+    """The float copy (cpy, cont, dup) between F32 and F16/BF16 bits, any strides on
+    both sides."""
+    ta, td, same, s = prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0, prog[k,
+                                                                                  ARG + 3]
     if s == 0:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0, np.float32), td, same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0,
+                                                                        np.float32), td,
+                         same, ith, nth)
     elif s == 1:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0, np.uint16), td, same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0,
+                                                                        np.uint16), td,
+                         same, ith, nth)
     elif s == 2:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0, np.float32), td, same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0,
+                                                                       np.float32), td,
+                         same, ith, nth)
     else:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0, np.uint16), td, same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0,
+                                                                       np.uint16), td,
+                         same, ith, nth)
 
 # %% book/92_making_python_fast.ipynb #native-run-mm
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mul_mat_f(prog, k, x, y, state, owner, ith, nth):
     a = ARG
-    V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], x, y, _array(prog, k, 0, np.float32), prog[k, a + 3],
-                              prog[k, a + 4], prog[k, a + 5], prog[k, a + 6], state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
+    V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], x, y, _array(prog, k, 0,
+                                                                       np.float32),
+                              prog[k, a + 3],
+                              prog[k, a + 4], prog[k, a + 5], prog[k, a + 6],
+                              state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
                               owner, ith, nth)
 
 
@@ -365,19 +354,26 @@ def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
     """F32 weights (dt float32) or F16/BF16 (dt uint16, src1 of the same bits)."""
     s = prog[k, STRIDED]
     if s == 0:
-        _mul_mat_f(prog, k, _array(prog, k, 1, dt), _array(prog, k, 2, dt), state, owner, ith, nth)
-    elif s == 2:                                  # src0 strided (slot 1), src1 contiguous
-        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _array(prog, k, 2, dt), state, owner, ith, nth)
+        _mul_mat_f(prog, k, _array(prog, k, 1, dt), _array(prog, k, 2, dt), state,
+                   owner, ith, nth)
+    # src0 strided (slot 1), src1 contiguous
+    elif s == 2:
+        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _array(prog, k, 2, dt), state,
+                   owner, ith, nth)
     else:
-        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), state, owner, ith, nth)
+        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), state,
+                   owner, ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sgemm_task(prog, k, dt, state, ith, nth):
-    """Slots: flat C, A, B and the int64 strides of S.gemm_planes; ARG: m, n, k, rn, bm, storage."""
+    """Slots: flat C, A, B and the int64 strides of S.gemm_planes; ARG: m, n, k, rn,
+    bm, storage."""
     a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
-    S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0], _array(prog, k, 0, np.float32)[0, 0, 0],
-                  _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3],
+    S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0],
+                  _array(prog, k, 0, np.float32)[0, 0, 0],
+                  _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1],
+                  prog[k, a + 2], prog[k, a + 3],
                   prog[k, a + 4], c, ith, nth)
 
 
@@ -385,59 +381,80 @@ def _sgemm_task(prog, k, dt, state, ith, nth):
 def _mul_mat_src1_task(prog, k, ith, nth):
     a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
     if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
-        V.mul_mat_src1_kernel(prog[k, a], _strided(prog, k, 2, np.float32), w, prog[k, a + 1], prog[k, a + 2],
+        V.mul_mat_src1_kernel(prog[k, a], _strided(prog, k, 2, np.float32), w, prog[k,
+                                                                                    a + 1], prog[k, a + 2],
                               prog[k, a + 3], ith, nth)
     else:
-        V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, np.float32), w, prog[k, a + 1], prog[k, a + 2],
+        V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, np.float32), w, prog[k,
+                                                                                  a + 1], prog[k, a + 2],
                               prog[k, a + 3], ith, nth)
 
 # %% book/92_making_python_fast.ipynb #native-run-task
 @intrinsic
 def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
-    """fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a numba cfunc: an extra
-    buffer type's task (chapter 07c), called through a pointer as ggml calls tensor_traits->compute_forward."""
+    """fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a numba
+    cfunc: an extra
+    buffer type's task (chapter 07c), called through a pointer as ggml calls
+    tensor_traits->compute_forward."""
     def codegen(context, builder, sig, vals):
-        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals, sig.args)]
-        f = builder.inttoptr(vals[0], ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6).as_pointer())
+        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals,
+                                                                         sig.args)]
+        f = builder.inttoptr(vals[0], ir.FunctionType(ir.IntType(64),
+                                                      [ir.IntType(64)] * 6).as_pointer())
         return builder.call(f, vals[1:])
     return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), codegen
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
-    """Task k of the program on thread ith of nth: a compiled kernel, or a call back to Python.
-    Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows that meets an
-    index out of range calls its Python kernel back, which raises the error that names it."""
+    """Task k of the program on thread ith of nth: a compiled kernel, or a call back to
+    Python.
+    Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows that
+    meets an
+    index out of range calls its Python kernel back, which raises the error that names
+    it."""
     kind, a = prog[k, KIND], ARG
     f32 = np.float32
     if kind == TASK_BINARY:
         if prog[k, STRIDED]:
-            B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32), _strided(prog, k, 2, f32),
+            B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32), _strided(prog, k, 2,
+                                                                            f32),
                             _strided(prog, k, 0, f32), 0, 0, 0, ith, nth)
         else:
-            B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2, f32), _array(prog, k, 0, f32),
+            B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2,
+                                                                        f32),
+                            _array(prog, k, 0, f32),
                             0, 0, 0, ith, nth)
     elif kind == TASK_SCALE:
-        K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], fp[k, 1], ith, nth)
+        K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], fp[k,
+                                                                                      1], ith, nth)
     elif kind == TASK_RMS_NORM:
-        K.rms_norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith, nth)
+        K.rms_norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0],
+                          ith, nth)
     elif kind == TASK_NORM:
-        K.norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith, nth)
+        K.norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith,
+                      nth)
     elif kind == TASK_MUL_MAT_SRC1:
-        if prog[k, a] >= 0:                       # src1 to the vec_dot_type, a share per thread
+        # src1 to the vec_dot_type, a share per thread
+        if prog[k, a] >= 0:
             _mul_mat_src1_task(prog, k, ith, nth)
         if ith == 0:
             atomic_store(state, CURRENT_CHUNK, nth)
     elif kind == TASK_MUL_MAT_Q:
         b = _array(prog, k, 2, f32)
-        V.mul_mat_chunks_q_kernel(prog[k, a], prog[k, a + 1], _array(prog, k, 1, np.uint8),
-                                  _array(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2], b.shape[2], b.shape[1],
-                                  b.shape[0], _array(prog, k, 0, f32), prog[k, a + 3], prog[k, a + 4],
-                                  prog[k, a + 5], prog[k, a + 6], state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
+        V.mul_mat_chunks_q_kernel(prog[k, a], prog[k, a + 1], _array(prog, k, 1,
+                                                                     np.uint8),
+                                  _array(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
+                                  b.shape[2], b.shape[1],
+                                  b.shape[0], _array(prog, k, 0, f32), prog[k, a + 3],
+                                  prog[k, a + 4],
+                                  prog[k, a + 5], prog[k, a + 6],
+                                  state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
                                   owner, ith, nth)
     elif kind == TASK_MUL_MAT_F32:
         _mul_mat_f_task(prog, k, f32, state, owner, ith, nth)
-    elif kind == TASK_MUL_MAT_F16:                # F16 or BF16 weights: uint16 bits on both sides
+    # F16 or BF16 weights: uint16 bits on both sides
+    elif kind == TASK_MUL_MAT_F16:
         _mul_mat_f_task(prog, k, np.uint16, state, owner, ith, nth)
     elif kind == TASK_GET_ROWS:
         if _get_rows_task(prog, k, ith, nth) >= 0:
@@ -451,18 +468,25 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
         _soft_max_task(prog, fp, k, ith, nth)
     elif kind == TASK_GLU:
         _glu_task(prog, fp, k, ith, nth)
-    elif kind == TASK_COPY:                       # same type, both contiguous: bytes, in blocks
-        C.copy_blocks_kernel(_array(prog, k, 1, np.uint8)[0, 0, 0], _array(prog, k, 0, np.uint8)[0, 0, 0],
+    # same type, both contiguous: bytes, in blocks
+    elif kind == TASK_COPY:
+        C.copy_blocks_kernel(_array(prog, k, 1, np.uint8)[0, 0, 0], _array(prog, k, 0,
+                                                                           np.uint8)[0,
+                                                                                     0,
+                                                                                     0],
                              prog[k, a], ith, nth)
     elif kind == TASK_DUP:
         _dup_task(prog, k, ith, nth)
-    elif kind == TASK_SGEMM:                      # llamafile's tinyBLAS (05): F32, or F16 bits on both sides
+    # llamafile's tinyBLAS (05): F32, or F16 bits on both sides
+    elif kind == TASK_SGEMM:
         if prog[k, a + 5] == ST_F32:
             _sgemm_task(prog, k, f32, state, ith, nth)
         else:
             _sgemm_task(prog, k, np.uint16, state, ith, nth)
-    elif kind == TASK_EXTRA:                      # ARG: the task's function, then its own integers
-        return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k, state.ctypes.data, ith, nth)
+    # ARG: the task's function, then its own integers
+    elif kind == TASK_EXTRA:
+        return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k,
+                          state.ctypes.data, ith, nth)
     else:
         return _call_python_task(slot, k, ith, nth)
     return 0
@@ -475,14 +499,20 @@ import ggml_lite.backends.cpu
 
 
 def _drop_stale_cache():
-    """numba keys a cached function by its own source file only, yet the loop's cached machine
-    code contains the kernels it calls (and the pool's polling function contains the loop):
-    after a kernel changes, the old copy would run. So the cache files of this module and of
-    threadpool.py are dropped whenever the sources they are built from differ from last time.
+    """numba keys a cached function by its own source file only, yet the loop's cached
+    machine
+    code contains the kernels it calls (and the pool's polling function contains the
+    loop):
+    after a kernel changes, the old copy would run. So the cache files of this module
+    and of
+    threadpool.py are dropped whenever the sources they are built from differ from last
+    time.
     (Only the cache in __pycache__ next to the modules is looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
-    deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py", "vec.py",
-                               "simd.py", "cpy.py", "unary_ops.py", "sgemm.py", "program.py")]
+    deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py",
+                               "vec.py",
+                               "simd.py", "cpy.py", "unary_ops.py", "sgemm.py",
+                               "program.py")]
     deps.append(here.parents[1] / "types.py")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
     cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
@@ -497,7 +527,8 @@ def _drop_stale_cache():
             f.unlink()
         stamp.write_text(digest)
     except OSError:
-        pass                                   # no cache here, or not writable: nothing to drop
+        # no cache here, or not writable: nothing to drop
+        pass
 
 
 _drop_stale_cache()

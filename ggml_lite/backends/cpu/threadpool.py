@@ -14,12 +14,15 @@ from ggml_lite.backends.cpu import program as P
 
 MAX_N_THREADS = 512
 DEFAULT_POLL = 50             # ggml_threadpool_params_default's poll: hybrid polling on
-POLL_ROUNDS = 1024 * 128      # ggml_graph_compute_poll_for_work spins 1024 * 128 * poll times
+# ggml_graph_compute_poll_for_work spins 1024 * 128 * poll times
+POLL_ROUNDS = 1024 * 128
 
 
 def _worker(ctl, cond, pool_ref, ith, n_rounds):
-    """ggml_graph_compute_secondary_thread for thread ith: poll for work, which runs each program
-    kicked off; run a Python job in Python; sleep on cond when polling finds nothing. The thread
+    """ggml_graph_compute_secondary_thread for thread ith: poll for work, which runs
+    each program
+    kicked off; run a Python job in Python; sleep on cond when polling finds nothing.
+    The thread
     holds only a weak reference to its pool, so a pool nobody holds can be collected."""
     seen = 0
     while True:
@@ -35,8 +38,10 @@ def _worker(ctl, cond, pool_ref, ith, n_rounds):
             with cond:
                 cond.notify_all()
             continue
-        with cond:                             # ggml_graph_compute_check_for_work's cond_wait
-            ctl_add(ctl, TP_SLEEPING, 1)   # before reading n_graph: a kickoff sees one or the other
+        # ggml_graph_compute_check_for_work's cond_wait
+        with cond:
+            # before reading n_graph: a kickoff sees one or the other
+            ctl_add(ctl, TP_SLEEPING, 1)
             while ctl_load(ctl, TP_N_GRAPH) == seen and ctl_load(ctl, TP_STOP) == 0:
                 cond.wait()
             ctl_add(ctl, TP_SLEEPING, -1)
@@ -56,7 +61,8 @@ def _kickoff(pool, kind, prog, fp, state, owner, slot):
 
 
 def _run_job(pool, ith, job):
-    """Thread ith's part of a Python job; a failure is kept for run() and breaks the barrier."""
+    """Thread ith's part of a Python job; a failure is kept for run() and breaks the
+    barrier."""
     try:
         job(ith)
     except threading.BrokenBarrierError:
@@ -67,7 +73,8 @@ def _run_job(pool, ith, job):
 
 
 def _run_python(pool, job):
-    """A Python job on every thread: kickoff, worker 0's part, then wait for the workers (spinning
+    """A Python job on every thread: kickoff, worker 0's part, then wait for the
+    workers (spinning
     without the GIL for as long as they poll, then on the condition variable)."""
     pool.failed, pool._errors = False, []
     n = pool.n_threads - 1
@@ -81,49 +88,62 @@ def _run_python(pool, job):
                 pool._cond.wait()
     pool._job = None
     if pool._barrier.broken:
-        pool._barrier.reset()                      # broken by a failure or stop(): whole again
+        # broken by a failure or stop(): whole again
+        pool._barrier.reset()
     if pool._errors:
         raise min(pool._errors, key=lambda e: e[0])[1]
 
 # %% book/06_cpu_compute.ipynb #pool-class
 class Threadpool:
-    """struct ggml_threadpool: n_threads - 1 persistent workers; the calling thread is worker 0.
+    """struct ggml_threadpool: n_threads - 1 persistent workers; the calling thread is
+    worker 0.
 
     run(job) calls job(ith) on all n_threads threads and returns when all are done;
-    run_program(prog, fp, state, owner, slot) runs a compiled program on them, without the GIL
+    run_program(prog, fp, state, owner, slot) runs a compiled program on them, without
+    the GIL
     (what graph_compute does). A Python job synchronises its
-    threads with barrier(); if a thread raises, the barrier is broken so no thread waits forever,
+    threads with barrier(); if a thread raises, the barrier is broken so no thread
+    waits forever,
     run() re-raises the first failure, and the pool stays usable. Idle workers poll for
     POLL_ROUNDS * poll spins, then sleep; free(), or collecting the pool, stops them."""
 
     def __init__(self, n_threads, poll=DEFAULT_POLL):
         if not 1 <= n_threads <= MAX_N_THREADS:
-            raise GGMLError(f"threadpool_new: n_threads must be in 1..{MAX_N_THREADS} (got {n_threads})")
+            raise GGMLError(f"threadpool_new: n_threads must be in 1..{MAX_N_THREADS} "
+                            f"(got {n_threads})")
         if poll < 0:
             raise GGMLError(f"threadpool_new: poll must be >= 0 (got {poll})")
         self.n_threads, self.poll, self.failed = n_threads, poll, False
         self._barrier, self._cond = threading.Barrier(n_threads), threading.Condition()
         self._ctl, self._n_rounds = np.zeros(TP_CTL_SIZE, np.int64), POLL_ROUNDS * poll
-        self._no_program = (np.zeros((0, P.ROW_SIZE), np.int64), np.zeros((0, P.N_FPARAMS), np.float32),
+        self._no_program = (np.zeros((0, P.ROW_SIZE), np.int64), np.zeros((0,
+                                                                           P.N_FPARAMS),
+                                                                          np.float32),
                             np.zeros(0, np.int64), np.zeros(0, np.int32), 0)
         self._job, self._errors, self._stop = None, [], False
         self._run_lock = threading.Lock()          # one job at a time, whoever calls
-        ctl_add(self._ctl, TP_SLEEPING, 0)     # numba loads what a worker calls to go to sleep
-        ctl_load(self._ctl, TP_STOP)           # here, not in the worker at its first sleep
+        # numba loads what a worker calls to go to sleep
+        ctl_add(self._ctl, TP_SLEEPING, 0)
+        # here, not in the worker at its first sleep
+        ctl_load(self._ctl, TP_STOP)
         args = (self._ctl, self._cond, weakref.ref(self))
-        self._workers = [threading.Thread(target=_worker, args=(*args, ith, self._n_rounds), daemon=True,
+        self._workers = [threading.Thread(target=_worker, args=(*args, ith,
+                                                                self._n_rounds),
+                                          daemon=True,
                                           name=f"ggml_lite-cpu-{ith}") for ith in range(1, n_threads)]
         self._finalizer = weakref.finalize(self, _stop_workers, self._ctl, self._cond)
         for w in self._workers:
             w.start()
 
     def barrier(self):
-        """ggml_barrier for Python jobs: no thread returns before all n_threads have called it."""
+        """ggml_barrier for Python jobs: no thread returns before all n_threads have
+        called it."""
         if self.n_threads > 1:
             self._barrier.wait()
 
     def stop(self):
-        """Release every thread waiting at the barrier and make later waits fail: the job ends."""
+        """Release every thread waiting at the barrier and make later waits fail: the
+        job ends."""
         self.failed = True
         self._barrier.abort()
 
@@ -134,8 +154,10 @@ class Threadpool:
             _run_python(self, job)
 
     def run_program(self, prog, fp, state, owner, slot):
-        """ggml_graph_compute: kickoff, then worker 0's part, then a wait until every worker has
-        left the program (past its last barrier). Its failures are the program's to report."""
+        """ggml_graph_compute: kickoff, then worker 0's part, then a wait until every
+        worker has
+        left the program (past its last barrier). Its failures are the program's to
+        report."""
         with self._run_lock:
             if self._stop:
                 raise GGMLError("threadpool: used after threadpool_free")
@@ -155,7 +177,8 @@ class Threadpool:
 
 # %% book/06_cpu_compute.ipynb #pool-api
 def threadpool_new(n_threads, poll=DEFAULT_POLL):
-    """ggml_threadpool_new, with ggml_threadpool_params' n_threads and poll (0: no polling)."""
+    """ggml_threadpool_new, with ggml_threadpool_params' n_threads and poll (0: no
+    polling)."""
     return Threadpool(n_threads, poll)
 
 
@@ -170,13 +193,15 @@ def threadpool_get_n_threads(threadpool):
 # %% book/92_making_python_fast.ipynb #native-pool
 from numba import njit
 
+from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load, atomic_store,
+                                            cpu_relax, cycle_counter, sched_yield)
 from ggml_lite.backends.cpu.program import (N_FPARAMS, ROW_SIZE, SPINS_BEFORE_YIELD, STATE_SIZE,
-                                            atomic_fetch_add_seq, atomic_load, atomic_store,
-                                            cpu_relax, cycle_counter, graph_compute_thread,
-                                            make_view, sched_yield)
+                                            graph_compute_thread, make_view)
 
-# A threadpool's control block: int64 slots, each group on its own cache line. TP_JOB holds the
-# kind of the job kicked off, then (for a program) the addresses and sizes of its arrays.
+# A threadpool's control block: int64 slots, each group on its own cache line. TP_JOB
+# holds the
+# kind of the job kicked off, then (for a program) the addresses and sizes of its
+# arrays.
 TP_N_GRAPH, TP_STOP, TP_SLEEPING, TP_N_DONE, TP_JOB = 0, 8, 16, 24, 32
 TP_CTL_SIZE = 40
 JOB_PYTHON, JOB_PROGRAM = 0, 1
@@ -185,8 +210,10 @@ POLL_IDLE, POLL_PYTHON, POLL_STOP = 0, 1, 2
 
 @njit(cache=True)
 def threadpool_kickoff(ctl, kind, prog, fp, state, owner, slot):
-    """ggml_graph_compute_kickoff: describe the job, then bump n_graph (sequentially consistent,
-    so a polling worker that sees the new count sees the job too). Returns how many workers sleep
+    """ggml_graph_compute_kickoff: describe the job, then bump n_graph (sequentially
+    consistent,
+    so a polling worker that sees the new count sees the job too). Returns how many
+    workers sleep
     on the pool's condition variable: the caller wakes them only if there are any."""
     j = TP_JOB
     ctl[j], ctl[j + 1], ctl[j + 2], ctl[j + 3] = kind, prog.ctypes.data, prog.shape[0], fp.ctypes.data
@@ -198,28 +225,39 @@ def threadpool_kickoff(ctl, kind, prog, fp, state, owner, slot):
 
 @njit(cache=True, nogil=True)
 def _run_program(ctl, ith):
-    """Thread ith's part of the program kicked off: graph_compute_thread over views of its arrays."""
+    """Thread ith's part of the program kicked off: graph_compute_thread over views of
+    its arrays."""
     j, i8 = TP_JOB, np.int64
     rows = ctl[j + 2]
-    prog = make_view(ctl[j + 1], (rows, i8(ROW_SIZE)), (i8(ROW_SIZE * 8), i8(8)), np.int64)
-    fp = make_view(ctl[j + 3], (rows, i8(N_FPARAMS)), (i8(N_FPARAMS * 4), i8(4)), np.float32)
+    prog = make_view(ctl[j + 1], (rows, i8(ROW_SIZE)), (i8(ROW_SIZE * 8), i8(8)),
+                     np.int64)
+    fp = make_view(ctl[j + 3], (rows, i8(N_FPARAMS)), (i8(N_FPARAMS * 4), i8(4)),
+                   np.float32)
     state = make_view(ctl[j + 4], (i8(STATE_SIZE),), (i8(8),), np.int64)
     owner = make_view(ctl[j + 5], (ctl[j + 6],), (i8(4),), np.int32)
     graph_compute_thread(prog, fp, state, owner, ctl[j + 7], ith)
 
 # %% book/92_making_python_fast.ipynb #native-pool-poll
-PREEMPTED_CYCLES = 1 << 17         # one spin that took longer: the thread was descheduled
+# one spin that took longer: the thread was descheduled
+PREEMPTED_CYCLES = 1 << 17
 
 
 @njit(cache=True, nogil=True)
 def threadpool_poll(ctl, ith, seen, n_rounds):
-    """ggml_graph_compute_poll_for_work inside the loop of ggml_graph_compute_secondary_thread:
-    spin on n_graph; run every program kicked off, here, without the GIL; return (n_graph,
-    POLL_PYTHON) when a Python job comes, (n_graph, POLL_IDLE) after n_rounds spins without
-    work, (n_graph, POLL_STOP) when the pool is stopped. Unlike ggml, it yields its core every
-    SPINS_BEFORE_YIELD spins, as the barrier does, and it stops polling (POLL_IDLE) as soon as
-    one spin took PREEMPTED_CYCLES: the OS gave the core to another thread, so the cores are
-    busy, and a sleeping worker is woken sooner than a spinning one gets its core back."""
+    """ggml_graph_compute_poll_for_work inside the loop of
+    ggml_graph_compute_secondary_thread:
+    spin on n_graph; run every program kicked off, here, without the GIL; return
+    (n_graph,
+    POLL_PYTHON) when a Python job comes, (n_graph, POLL_IDLE) after n_rounds spins
+    without
+    work, (n_graph, POLL_STOP) when the pool is stopped. Unlike ggml, it yields its
+    core every
+    SPINS_BEFORE_YIELD spins, as the barrier does, and it stops polling (POLL_IDLE) as
+    soon as
+    one spin took PREEMPTED_CYCLES: the OS gave the core to another thread, so the
+    cores are
+    busy, and a sleeping worker is woken sooner than a spinning one gets its core
+    back."""
     spins, last = 0, cycle_counter()
     while atomic_load(ctl, TP_STOP) == 0:
         n_graph = atomic_load(ctl, TP_N_GRAPH)
@@ -228,7 +266,8 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
             if ctl[TP_JOB] != JOB_PROGRAM:
                 return seen, POLL_PYTHON
             _run_program(ctl, ith)
-            atomic_fetch_add_seq(ctl, TP_N_DONE, 1)    # out of the program: the caller may free it
+            # out of the program: the caller may free it
+            atomic_fetch_add_seq(ctl, TP_N_DONE, 1)
             last = cycle_counter()
         elif spins >= n_rounds:
             return seen, POLL_IDLE
@@ -246,7 +285,8 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
 # %% book/92_making_python_fast.ipynb #native-pool2
 @njit(cache=True, nogil=True)
 def threadpool_wait_done(ctl, n, n_rounds):
-    """Spin (without the GIL) until n workers have finished a Python job; False if n_rounds
+    """Spin (without the GIL) until n workers have finished a Python job; False if
+    n_rounds
     spins were not enough (the caller then sleeps on the pool's condition variable)."""
     spins = 0
     while atomic_load(ctl, TP_N_DONE) < n:
