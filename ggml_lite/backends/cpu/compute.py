@@ -346,7 +346,7 @@ def _lower_get_rows(node, p, nth):
     a, ta, idx, d = ops
     return [(P.TASK_GET_ROWS, [int(ta), _STORAGE[a.dtype]], (d, a, idx), ())]
 
-
+# %% book/92_making_python_fast.ipynb #0c1613a9
 def _lower_set_rows(node, p, nth):
     ops = _operands(C.set_rows_operands, p.view(node.src[0]), p.view(node.src[1]),
                     p.view(node), node.type)
@@ -375,7 +375,7 @@ def _lower_soft_max(node, p, nth):
     return [(P.TASK_SOFT_MAX, [tm, int(has_mask), _STORAGE[m.dtype]], (d, a, m), (scale,
                                                                                   max_bias))]
 
-
+# %% book/92_making_python_fast.ipynb #282be214
 def _lower_glu(node, p, nth):
     ops = _operands(U.glu_operands, *glu_args(node, p))
     if ops is None:
@@ -456,7 +456,7 @@ def _lower_mul_mat(node, p, nth):
         return None
     return [src1_task, (kind, [int(t), n, rs, *chunks], (d, a, y, w4), ())]
 
-
+# %% book/92_making_python_fast.ipynb #3366bcd2
 _LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary,
           Op.DIV: _lower_binary,
           Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm,

@@ -143,7 +143,7 @@ def _view_intrinsic(layout):
 make_view = _view_intrinsic("C")
 make_strided_view = _view_intrinsic("A")
 
-
+# %% book/92_making_python_fast.ipynb #005f8d28
 @njit(cache=True, nogil=True, inline="always")
 def _array(prog, k, s, dtype):
     o = SLOT + 9 * s
@@ -297,7 +297,7 @@ def _soft_max_task(prog, fp, k, ith, nth):
         K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask, fp[k, 0],
                           fp[k, 1], ith, nth)
 
-
+# %% book/92_making_python_fast.ipynb #417371a7
 @njit(cache=True, nogil=True, error_model="numpy")
 def _glu_task(prog, fp, k, ith, nth):
     a = ARG

@@ -14,8 +14,10 @@ from numba.extending import intrinsic, models, overload, register_model
 
 
 class Vec(types.Type):
-    """The numba type of an LLVM vector value: `count` lanes of `dtype`. A Vec lives in registers
-    inside one compiled function; it is never a numpy array and cannot be returned to Python."""
+    """The numba type of an LLVM vector value: `count` lanes of `dtype`. A Vec lives in
+    registers
+    inside one compiled function; it is never a numpy array and cannot be returned to
+    Python."""
 
     def __init__(self, dtype, count):
         self.dtype, self.count = dtype, count
@@ -99,7 +101,7 @@ def _bytes_as(lane):
 # instruction.
 vi8, vu8 = _bytes_as(types.int8), _bytes_as(types.uint8)
 
-
+# %% book/92_making_python_fast.ipynb #97c14a29
 @intrinsic
 def vas(typingctx, v, dtype):
     """The same bits as lanes of dtype: vas(Vec(uint8 x 4), np.uint32) is Vec(uint32 x
@@ -221,7 +223,7 @@ def vpairs(typingctx, v):
         return _pairs(builder, args[0], sig.args[0].count)
     return Vec(v.dtype, v.count // 2)(v), codegen
 
-
+# %% book/92_making_python_fast.ipynb #2a8e3910
 @intrinsic
 def vfloat(typingctx, v):
     """int32 lanes converted to float32 (rounded to nearest, as _mm256_cvtepi32_ps)."""

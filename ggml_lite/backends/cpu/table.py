@@ -109,7 +109,7 @@ def glu_args(node, p):
     alpha, limit = get_op_params_f32(node, 2), get_op_params_f32(node, 3)
     return a, b, d, op, swapped, alpha, limit
 
-
+# %% book/06_cpu_compute.ipynb #770a9bd5
 def _prepare_glu(node, p):
     args = glu_args(node, p)
     return lambda ith, nth: forward_glu(*args, ith=ith, nth=nth)
@@ -136,7 +136,7 @@ def rope_args(node, p):
             attn_factor,
             beta_fast, beta_slow)
 
-
+# %% book/06_cpu_compute.ipynb #097d64ca
 def _prepare_rope(node, p):
     args = rope_args(node, p)
     return lambda ith, nth: forward_rope(*args, ith=ith, nth=nth)
@@ -202,7 +202,7 @@ def mul_mat_sgemm(node, a, b, d, wdata, nth):
                   np.int64)
     return conv, _flat(a), _flat(b), _flat(d), ld, m, n, k, *plan
 
-
+# %% book/06_cpu_compute.ipynb #840aed45
 def _prepare_mul_mat(node, p):
     """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's
     sgemm when it
@@ -431,7 +431,7 @@ def _all(node, n_threads):
 def _one(node, n_threads):
     return 1
 
-
+# %% book/06_cpu_compute.ipynb #c07d347c
 def _rows_of_src0(node, n_threads):
     return min(n_threads, nrows(node.src[0]))
 
