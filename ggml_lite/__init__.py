@@ -159,14 +159,14 @@ from .backends.cpu.vec import (  # noqa: F401  (book/05_cpu_kernels.ipynb)
     TypeTraitsCPU,
     get_type_traits_cpu,
 )
-from .backends.cpu.compute import (  # noqa: F401  (book/06_cpu_compute.ipynb)
+from .backends.cpu.compute import (  # noqa: F401  (book/06_cpu_compute.ipynb, book/92_making_python_fast.ipynb)
     DEFAULT_N_THREADS,
     CPlan,
     graph_plan,
     graph_compute,
     graph_compute_with_ctx,
 )
-from .backends.cpu.threadpool import (  # noqa: F401  (book/06_cpu_compute.ipynb)
+from .backends.cpu.threadpool import (  # noqa: F401  (book/06_cpu_compute.ipynb, book/92_making_python_fast.ipynb)
     MAX_N_THREADS,
     Threadpool,
     threadpool_new,

@@ -296,6 +296,7 @@ def test_a_graph_over_caller_memory_computes_after_free():
 
 # --------------------------------------------------------------------------- the compiled loop
 from ggml_lite.backends.cpu import program as P  # noqa: E402
+from ggml_lite.backends.cpu import threadpool as TP  # noqa: E402
 from ggml_lite.backends.cpu.compute import _PREPARED  # noqa: E402
 
 
@@ -414,7 +415,7 @@ def test_idle_workers_sleep_and_a_collected_pool_stops_its_threads():
     """Workers poll for a bounded time, then sleep; a kickoff wakes them, for Python jobs and for
     compiled programs alike; the caller is worker 0; a pool nobody holds stops its threads."""
     tp = ggml.threadpool_new(3, poll=1)
-    sleeping = lambda: P.ctl_load(tp._ctl, P.TP_SLEEPING) == 2     # noqa: E731
+    sleeping = lambda: TP.ctl_load(tp._ctl, TP.TP_SLEEPING) == 2   # noqa: E731
     assert _wait_for(sleeping), "idle workers kept spinning"
     who = {}
     tp.run(lambda ith: who.__setitem__(ith, threading.get_ident()))

@@ -25,7 +25,8 @@ def _binary(op, a, b, d, ta, tb, td, ith, nth):
         i3, rem = divmod(ir, ne2 * ne1)
         i2, i1 = divmod(rem, ne1)
         x, y, z = a[i3, i2, i1], b[i3 % nb3, i2 % nb2, i1 % nb1], d[i3, i2, i1]
-        for r in range(ne0 // nb0):          # b's row is repeated ne0/nb0 times along the row
+        # b's row is repeated ne0/nb0 times along the row
+        for r in range(ne0 // nb0):
             o = r * nb0
             for k in range(nb0):
                 u, v = ld(x[o + k], ta), ld(y[k], tb)
@@ -40,9 +41,12 @@ def _binary(op, a, b, d, ta, tb, td, ith, nth):
                 z[o + k] = st(w, td, z)
 
 
-_BINARY_TYPES = {(_F32, _F32, _F32), (_F16, _F16, _F16), (_BF16, _BF16, _BF16), (_BF16, _F32, _BF16),
+_BINARY_TYPES = {(_F32, _F32, _F32), (_F16, _F16, _F16), (_BF16, _BF16, _BF16), (_BF16,
+                                                                                 _F32,
+                                                                                 _BF16),
                  (_BF16, _F32, _F32), (_F16, _F32, _F16), (_F16, _F32, _F32)}
-# (src0, src1, dst) types of add, sub, mul and div: binary-ops.cpp's list (quantized src0 not here)
+# (src0, src1, dst) types of add, sub, mul and div: binary-ops.cpp's list (quantized
+# src0 not here)
 BINARY_TYPES = frozenset(tuple(Type(t) for t in types) for types in _BINARY_TYPES)
 
 # %% book/05_cpu_kernels.ipynb #kern-binary-2
@@ -50,16 +54,19 @@ def _forward_binary(op, name, src0, src1, dst, ith, nth):
     check_4d(name, src0, src1, dst)
     (a, ta), (b, tb), (d, td) = (storage(x, name) for x in (src0, src1, dst))
     if (ta, tb, td) not in _BINARY_TYPES:
-        raise GGMLError(f"{name}: unsupported types: dst: {type_name(td)}, src0: {type_name(ta)}, "
+        raise GGMLError(f"{name}: unsupported types: dst: {type_name(td)}, src0: "
+                        f"{type_name(ta)}, "
                         f"src1: {type_name(tb)}")
     if a.shape != d.shape or any(n % m for n, m in zip(a.shape, b.shape)):
-        raise GGMLError(f"{name}: src1 {ne_of(b)} cannot be repeated to src0 {ne_of(a)} "
+        raise GGMLError(f"{name}: src1 {ne_of(b)} cannot be repeated to src0 "
+                        f"{ne_of(a)} "
                         f"(dst {ne_of(d)})")
     _binary(op, a, b, d, ta, tb, td, ith, nth)
 
 
 def forward_add(src0, src1, dst, ith=0, nth=1):
-    """dst = src0 + src1, src1 repeated (broadcast by modulo) to src0's shape. Block rows."""
+    """dst = src0 + src1, src1 repeated (broadcast by modulo) to src0's shape. Block
+    rows."""
     _forward_binary(_ADD, "add", src0, src1, dst, ith, nth)
 
 
@@ -78,4 +85,5 @@ def forward_div(src0, src1, dst, ith=0, nth=1):
     _forward_binary(_DIV, "div", src0, src1, dst, ith, nth)
 
 
-binary_kernel = _binary              # the compiled loop, for the compute chapter's compiled caller
+# the compiled loop, for the compute chapter's compiled caller
+binary_kernel = _binary

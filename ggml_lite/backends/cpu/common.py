@@ -14,7 +14,8 @@ from ggml_lite.types import Type, bf16_to_fp32, fp32_to_bf16, fp32_to_fp16
 # %% book/05_cpu_kernels.ipynb #kern-partition
 @njit(cache=True, nogil=True, error_model="numpy")
 def get_thread_range(nr, ith, nth):
-    """ggml's get_thread_range: thread ith of nth owns the block of rows [ir0, ir1) of nr rows,
+    """ggml's get_thread_range: thread ith of nth owns the block of rows [ir0, ir1) of
+    nr rows,
     dr = ceil(nr / nth) at a time (the last threads may get fewer rows, or none)."""
     dr = (nr + nth - 1) // nth
     ir0 = min(dr * ith, nr)
@@ -23,7 +24,8 @@ def get_thread_range(nr, ith, nth):
 # %% book/05_cpu_kernels.ipynb #kern-storage
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
 
-# ggml_table_f32_f16: the float32 value of every fp16 bit pattern (ggml_cpu_init fills it once);
+# ggml_table_f32_f16: the float32 value of every fp16 bit pattern (ggml_cpu_init fills
+# it once);
 # one load replaces the branchy bit arithmetic of fp16_to_fp32 in the hot loops.
 table_f32_f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
@@ -40,7 +42,8 @@ def _ld_impl(v, t):
 
 
 def st(f, t, like):
-    """The element of type t (stored as like.dtype) that holds float32 f, rounded to nearest even."""
+    """The element of type t (stored as like.dtype) that holds float32 f, rounded to
+    nearest even."""
 
 
 @overload(st)
@@ -51,21 +54,25 @@ def _st_impl(f, t, like):
 
 
 def storage(a, where):
-    """(array numba can read, ggml type) of a Tensor.numpy()-style array: float16 data is passed
-    as its uint16 bits, because numba has no float16; uint16 is BF16 (numpy has no bfloat16)."""
+    """(array numba can read, ggml type) of a Tensor.numpy()-style array: float16 data
+    is passed
+    as its uint16 bits, because numba has no float16; uint16 is BF16 (numpy has no
+    bfloat16)."""
     if a.dtype == np.float32:
         return a, _F32
     if a.dtype == np.float16:
         return a.view(np.uint16), _F16
     if a.dtype == np.uint16:
         return a, _BF16
-    raise GGMLError(f"{where}: unsupported element type {a.dtype} (expected F32, F16 or BF16 data)")
+    raise GGMLError(f"{where}: unsupported element type {a.dtype} (expected F32, F16 "
+                    f"or BF16 data)")
 
-
+# %% book/05_cpu_kernels.ipynb #6e96ce63
 def f32_only(where, *arrays):
     for a in arrays:
         if a.dtype != np.float32:
-            raise GGMLError(f"{where}: only F32 is supported (as in ggml's CPU kernel), got {a.dtype}")
+            raise GGMLError(f"{where}: only F32 is supported (as in ggml's CPU "
+                            f"kernel), got {a.dtype}")
 
 
 def ne_of(a):
@@ -76,4 +83,5 @@ def ne_of(a):
 def check_4d(where, *arrays):
     for a in arrays:
         if a.ndim != 4:
-            raise GGMLError(f"{where}: expected 4-D arrays shaped (ne3, ne2, ne1, ne0), got shape {a.shape}")
+            raise GGMLError(f"{where}: expected 4-D arrays shaped (ne3, ne2, ne1, "
+                            f"ne0), got shape {a.shape}")

@@ -20,7 +20,8 @@ _I32 = int(Type.I32)
 
 
 def _get_row(x, ta, y):
-    """y = the row x of type ta as y's elements: float32 (F32/F16/BF16 widened, quantized rows
+    """y = the row x of type ta as y's elements: float32 (F32/F16/BF16 widened,
+    quantized rows
     dequantized), or I32 copied as it is."""
 
 
@@ -46,18 +47,21 @@ def _get_rows(a, ta, idx, d, ith, nth):
     ne12, ne11, ne10 = idx.shape[1], idx.shape[2], idx.shape[3]
     ne01 = a.shape[2]
     ir0, ir1 = get_thread_range(ne10 * ne11 * ne12, ith, nth)
-    for i in range(ir0, ir1):                               # block rows over the indices
+    # block rows over the indices
+    for i in range(ir0, ir1):
         i12, rem = divmod(i, ne11 * ne10)
         i11, i10 = divmod(rem, ne10)
         i01 = idx[0, i12, i11, i10]
         if i01 < 0 or i01 >= ne01:
-            return i                                        # the caller raises, naming the index
+            # the caller raises, naming the index
+            return i
         _get_row(a[i12, i11, i01], ta, d[i12, i11, i10])
     return -1
 
 # %% book/05_cpu_kernels.ipynb #kern-getrows-api
 def get_rows_operands(src0, src1, dst, src0_type=None):
-    """forward_get_rows' checks, made once: the arguments of _get_rows before (ith, nth)."""
+    """forward_get_rows' checks, made once: the arguments of _get_rows before (ith,
+    nth)."""
     check_4d("get_rows", src0, src1, dst)
     if src0.dtype == np.int32 and src0_type in (None, Type.I32):
         a, ta, want = src0, _I32, np.int32
@@ -68,26 +72,32 @@ def get_rows_operands(src0, src1, dst, src0_type=None):
                         f"got {src1.dtype} and {dst.dtype}")
     ne00 = dst.shape[3]
     if src1.shape[0] != 1 or a.shape[:2] != src1.shape[1:3] or dst.shape[:3] != src1.shape[1:]:
-        raise GGMLError(f"get_rows: src0 {ne_of(a)}, src1 {ne_of(src1)}, dst {ne_of(dst)} "
-                        f"do not fit (src0.ne2 == src1.ne1, src0.ne3 == src1.ne2, src1.ne3 == 1)")
+        raise GGMLError(f"get_rows: src0 {ne_of(a)}, src1 {ne_of(src1)}, dst "
+                        f"{ne_of(dst)} "
+                        f"do not fit (src0.ne2 == src1.ne1, src0.ne3 == src1.ne2, "
+                        f"src1.ne3 == 1)")
     return a, ta, src1, dst
 
 
 def forward_get_rows(src0, src1, dst, ith=0, nth=1, src0_type=None):
-    """dst[i12, i11, i10] = row src1[i10, i11, i12] of src0's slice (i11, i12), as float32.
-    src0 F32/F16/BF16, or quantized bytes (give src0_type); an int32 src0 (I32) gives int32 rows,
+    """dst[i12, i11, i10] = row src1[i10, i11, i12] of src0's slice (i11, i12), as
+    float32.
+    src0 F32/F16/BF16, or quantized bytes (give src0_type); an int32 src0 (I32) gives
+    int32 rows,
     copied as they are. src1 int32 (1, ne12, ne11, ne10). Block rows."""
     a, ta, src1, dst = get_rows_operands(src0, src1, dst, src0_type)
     bad = _get_rows(a, ta, src1, dst, ith, nth)
     if bad >= 0:
         i12, rem = divmod(bad, src1.shape[2] * src1.shape[3])
         i11, i10 = divmod(rem, src1.shape[3])
-        raise GGMLError(f"get_rows: row index {int(src1[0, i12, i11, i10])} at src1[{i10}, {i11}, {i12}] "
+        raise GGMLError(f"get_rows: row index {int(src1[0, i12, i11, i10])} at "
+                        f"src1[{i10}, {i11}, {i12}] "
                         f"is out of range [0, {a.shape[2]})")
 
 # %% book/05_cpu_kernels.ipynb #kern-setrows
 def _set_row(x, td, y):
-    """y = the float32 row x in y's type td: float32 copied, F16/BF16 rounded (uint16 bits),
+    """y = the float32 row x in y's type td: float32 copied, F16/BF16 rounded (uint16
+    bits),
     quantized blocks (uint8) through the type's quantize_row."""
 
 
@@ -117,7 +127,8 @@ def _bad_row_index(idx, ne1):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _set_rows(b, idx, d, td, ith, nth):
-    """Every index checked first (by every thread: none writes if one is bad), then block rows."""
+    """Every index checked first (by every thread: none writes if one is bad), then
+    block rows."""
     bad = _bad_row_index(idx, d.shape[2])
     if bad >= 0:
         return bad
@@ -133,25 +144,32 @@ def _set_rows(b, idx, d, td, ith, nth):
 
 # %% book/05_cpu_kernels.ipynb #kern-setrows-api
 def set_rows_operands(src0, src1, dst, dst_type=None):
-    """forward_set_rows' checks, made once: the arguments of _set_rows before (ith, nth)."""
+    """forward_set_rows' checks, made once: the arguments of _set_rows before (ith,
+    nth)."""
     check_4d("set_rows", src0, src1, dst)
     d, td = storage_any(dst, dst_type, "set_rows")
     if src0.dtype != np.float32 or src1.dtype not in (np.int64, np.int32):
-        raise GGMLError(f"set_rows: src0 must be F32 and src1 I64 or I32, got {src0.dtype} and {src1.dtype}")
+        raise GGMLError(f"set_rows: src0 must be F32 and src1 I64 or I32, got "
+                        f"{src0.dtype} and {src1.dtype}")
     ne0 = d.shape[3] // type_size(td) * blck_size(td) if td in QUANTIZED else d.shape[3]
     ne3, ne2 = d.shape[0], d.shape[1]
     ne12, ne11, n_rows = src1.shape[1], src1.shape[2], src1.shape[3]
     if (src0.shape[0] != ne3 or src0.shape[1] != ne2 or src0.shape[3] != ne0 or src1.shape[0] != 1
             or n_rows != src0.shape[2] or ne2 % ne11 or ne3 % ne12):
-        raise GGMLError(f"set_rows: src0 {ne_of(src0)}, src1 {ne_of(src1)}, dst [{ne0}, {d.shape[2]}, {ne2}, {ne3}] "
-                        f"do not fit (ne0 and the slices as dst's, src1.ne0 rows, ne2 % ne11 == ne3 % ne12 == 0)")
+        raise GGMLError(f"set_rows: src0 {ne_of(src0)}, src1 {ne_of(src1)}, dst "
+                        f"[{ne0}, {d.shape[2]}, {ne2}, {ne3}] "
+                        f"do not fit (ne0 and the slices as dst's, src1.ne0 rows, ne2 "
+                        f"% ne11 == ne3 % ne12 == 0)")
     return src0, src1, d, td
 
 
 def forward_set_rows(src0, src1, dst, ith=0, nth=1, dst_type=None):
-    """ggml_compute_forward_set_rows: row i of src0's slice (i02, i03), float32, into row
-    src1[i, i02 % ne11, i03 % ne12] of dst's slice, in dst's type (F32/F16/BF16, or the bytes of a
-    quantized dst_type). src1 int64 or int32 (1, ne12, ne11, n_rows). No row is written when an
+    """ggml_compute_forward_set_rows: row i of src0's slice (i02, i03), float32, into
+    row
+    src1[i, i02 % ne11, i03 % ne12] of dst's slice, in dst's type (F32/F16/BF16, or the
+    bytes of a
+    quantized dst_type). src1 int64 or int32 (1, ne12, ne11, n_rows). No row is written
+    when an
     index is out of range (GGMLError). Block rows."""
     src0, src1, d, td = set_rows_operands(src0, src1, dst, dst_type)
     bad = _set_rows(src0, src1, d, td, ith, nth)
@@ -159,13 +177,16 @@ def forward_set_rows(src0, src1, dst, ith=0, nth=1, dst_type=None):
         ne11, n_rows = src1.shape[2], src1.shape[3]
         i12, rem = divmod(bad, ne11 * n_rows)
         i11, i10 = divmod(rem, n_rows)
-        raise GGMLError(f"set_rows: row index {int(src1[0, i12, i11, i10])} at src1[{i10}, {i11}, {i12}] is out "
-                        f"of range [0, {d.shape[2]}) (GGML_ASSERT(i1 >= 0 && i1 < ne1)); no row was written")
+        raise GGMLError(f"set_rows: row index {int(src1[0, i12, i11, i10])} at "
+                        f"src1[{i10}, {i11}, {i12}] is out "
+                        f"of range [0, {d.shape[2]}) (GGML_ASSERT(i1 >= 0 && i1 < "
+                        f"ne1)); no row was written")
 
 # %% book/05_cpu_kernels.ipynb #kern-dup
 @njit(cache=True, nogil=True, error_model="numpy")
 def _copy_blocks(a, d, ts, ith, nth):
-    """ggml_compute_forward_dup_same_cont: both contiguous, same type: memcpy a block range."""
+    """ggml_compute_forward_dup_same_cont: both contiguous, same type: memcpy a block
+    range."""
     k0, k1 = get_thread_range(a.shape[0] // ts, ith, nth)
     for i in range(k0 * ts, k1 * ts):
         d[i] = a[i]
@@ -173,7 +194,8 @@ def _copy_blocks(a, d, ts, ith, nth):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
-    """The next index of a 4-D walk in row-major order: i0 + 1, carried into i1, i2, i3 (ggml's
+    """The next index of a 4-D walk in row-major order: i0 + 1, carried into i1, i2, i3
+    (ggml's
     dup kernels write this carry out in each of their copy loops)."""
     i0 += 1
     if i0 == ne0:
@@ -187,15 +209,18 @@ def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_flt(a, ta, d, td, same, ith, nth):
-    """Element by element, in the logical (row-major) order of a into that of d, converting
-    through float32 unless the types are the same. Rows of a in blocks per (i02, i03)."""
+    """Element by element, in the logical (row-major) order of a into that of d,
+    converting
+    through float32 unless the types are the same. Rows of a in blocks per (i02,
+    i03)."""
     ne03, ne02, ne01, ne00 = a.shape
     ne3, ne2, ne1, ne0 = d.shape
     ir0, ir1 = get_thread_range(ne01, ith, nth)
     for i03 in range(ne03):
         for i02 in range(ne02):
             for i01 in range(ir0, ir1):
-                k = ((i03 * ne02 + i02) * ne01 + i01) * ne00      # flat index of the row's start
+                # flat index of the row's start
+                k = ((i03 * ne02 + i02) * ne01 + i01) * ne00
                 i13, r = divmod(k, ne2 * ne1 * ne0)
                 i12, r = divmod(r, ne1 * ne0)
                 i11, i10 = divmod(r, ne0)
@@ -231,7 +256,8 @@ def _dup_blocks(a, d, ts, ith, nth):
 # %% book/05_cpu_kernels.ipynb #kern-dup-quant
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_to_q(a, ta, d, td, rs, w, ith, nth):
-    """ggml_compute_forward_dup_to_q: each row of a, made float32 in the scratch row w, is
+    """ggml_compute_forward_dup_to_q: each row of a, made float32 in the scratch row w,
+    is
     quantized into the contiguous bytes d at its flat row position (rs bytes a row)."""
     ne03, ne02, ne01, ne00 = a.shape
     ir0, ir1 = get_thread_range(ne01, ith, nth)
@@ -247,7 +273,8 @@ def _dup_to_q(a, ta, d, td, rs, w, ith, nth):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_from_q(a, ta, qk, ts, d, ith, nth):
-    """ggml_compute_forward_dup_from_q: block by block (qk elements), dequantized to where the
+    """ggml_compute_forward_dup_from_q: block by block (qk elements), dequantized to
+    where the
     block's elements go in d. Blocks split in ranges."""
     ne03, ne02, ne01 = a.shape[0], a.shape[1], a.shape[2]
     ne00 = a.shape[3] // ts * qk
@@ -273,16 +300,19 @@ def _nelements(a, t):
 
 
 def dup_operands(src0, dst, src0_type=None, dst_type=None, wdata=None):
-    """forward_dup's checks and its choice of copy loop, made once: (the loop, its arguments
+    """forward_dup's checks and its choice of copy loop, made once: (the loop, its
+    arguments
     before (ith, nth)). The compute chapter's compiled loop lowers a node with them."""
     check_4d("dup", src0, dst)
     a, ta = storage_any(src0, src0_type, "dup")
     d, td = storage_any(dst, dst_type, "dup")
     if _nelements(a, ta) != _nelements(d, td):
-        raise GGMLError(f"dup: src0 has {_nelements(a, ta)} elements, dst {_nelements(d, td)} "
+        raise GGMLError(f"dup: src0 has {_nelements(a, ta)} elements, dst "
+                        f"{_nelements(d, td)} "
                         f"(ggml_cpy needs equal counts)")
     if ta == td and a.flags.c_contiguous and d.flags.c_contiguous:
-        return _copy_blocks, (a.reshape(-1).view(np.uint8), d.reshape(-1).view(np.uint8), type_size(ta))
+        return _copy_blocks, (a.reshape(-1).view(np.uint8),
+                              d.reshape(-1).view(np.uint8), type_size(ta))
     if ta not in QUANTIZED and td not in QUANTIZED:
         return _dup_flt, (a, ta, d, td, ta == td)
     if ta == td:
@@ -290,35 +320,47 @@ def dup_operands(src0, dst, src0_type=None, dst_type=None, wdata=None):
     if ta not in QUANTIZED:
         ne00 = a.shape[3]
         if not d.flags.c_contiguous or ne00 % blck_size(td):
-            raise GGMLError(f"dup: converting to {type_name(td)} needs a contiguous dst and rows of whole "
+            raise GGMLError(f"dup: converting to {type_name(td)} needs a contiguous "
+                            f"dst and rows of whole "
                             f"blocks (ne00 = {ne00}, block size {blck_size(td)})")
         w = np.empty(ne00, np.float32) if wdata is None else wdata
         if w.dtype != np.float32 or w.size < ne00:
-            raise GGMLError(f"dup: wdata must be a float32 scratch row of at least {ne00}, got {w.dtype} x {w.size}")
+            raise GGMLError(f"dup: wdata must be a float32 scratch row of at least "
+                            f"{ne00}, got {w.dtype} x {w.size}")
         return _dup_to_q, (a, ta, d.reshape(-1), td, row_size(td, ne00), w)
     if td == _F32:
         qk = blck_size(ta)
         if d.flags.c_contiguous:
             d = d.reshape(1, 1, 1, -1)
         elif d.shape[3] % qk or d.strides[3] != 4:
-            raise GGMLError(f"dup: dst rows must hold whole {type_name(ta)} blocks (ne0 = {d.shape[3]}, "
-                            f"block size {qk}) and be contiguous, or dst must be contiguous")
+            raise GGMLError(f"dup: dst rows must hold whole {type_name(ta)} blocks "
+                            f"(ne0 = {d.shape[3]}, "
+                            f"block size {qk}) and be contiguous, or dst must be "
+                            f"contiguous")
         return _dup_from_q, (a, ta, qk, type_size(ta), d)
-    raise GGMLError(f"dup: {type_name(ta)} -> {type_name(td)} is not supported (ggml neither)")
+    raise GGMLError(f"dup: {type_name(ta)} -> {type_name(td)} is not supported (ggml "
+                    f"neither)")
 
-
+# %% book/05_cpu_kernels.ipynb #a13f6ae4
 def forward_dup(src0, dst, ith=0, nth=1, src0_type=None, dst_type=None, wdata=None):
-    """ggml_compute_forward_dup (cpy, cont, dup): the elements of src0, in logical row-major order,
-    written in dst's logical order, converted to dst's type. F32/F16/BF16 between each other;
-    F32/F16/BF16 -> quantized (dst contiguous, whole blocks per row; wdata: a float32 scratch
-    row of >= ne00 for this thread, as the plan's work buffer gives it); quantized -> F32; same
-    type -> byte copy. Rows of src0 in blocks (both contiguous and same type: element blocks)."""
+    """ggml_compute_forward_dup (cpy, cont, dup): the elements of src0, in logical
+    row-major order,
+    written in dst's logical order, converted to dst's type. F32/F16/BF16 between each
+    other;
+    F32/F16/BF16 -> quantized (dst contiguous, whole blocks per row; wdata: a float32
+    scratch
+    row of >= ne00 for this thread, as the plan's work buffer gives it); quantized ->
+    F32; same
+    type -> byte copy. Rows of src0 in blocks (both contiguous and same type: element
+    blocks)."""
     kernel, args = dup_operands(src0, dst, src0_type, dst_type, wdata)
     kernel(*args, ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names-cpy
-# The compiled loops of get_rows, set_rows and the float copies, for the compute chapter's
-# compiled node loop (which makes the checks of *_operands once, when it lowers the graph).
+# The compiled loops of get_rows, set_rows and the float copies, for the compute
+# chapter's
+# compiled node loop (which makes the checks of *_operands once, when it lowers the
+# graph).
 get_rows_kernel = _get_rows
 set_rows_kernel = _set_rows
 copy_blocks_kernel = _copy_blocks

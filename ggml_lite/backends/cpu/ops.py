@@ -37,7 +37,8 @@ def forward_scale(src0, dst, s, b=0.0, ith=0, nth=1):
     check_4d("scale", src0, dst)
     f32_only("scale", src0, dst)
     if src0.shape != dst.shape:
-        raise GGMLError(f"scale: src0 {ne_of(src0)} and dst {ne_of(dst)} differ in shape")
+        raise GGMLError(f"scale: src0 {ne_of(src0)} and dst {ne_of(dst)} differ in "
+                        f"shape")
     _scale(src0, dst, np.float32(s), np.float32(b), ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-norm
@@ -48,7 +49,8 @@ def _rms_norm(a, d, eps, ith, nth):
         for i2 in range(ne2):
             for i1 in range(ith, ne1, nth):      # strided rows
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
-                s = 0.0                           # ggml_float: the sum of squares in double
+                # ggml_float: the sum of squares in double
+                s = 0.0
                 for i in range(ne0):
                     s += np.float64(x[i] * x[i])
                 mean = np.float32(s / ne0)
@@ -65,11 +67,13 @@ def _norm(a, d, eps, ith, nth):
             for i1 in range(ith, ne1, nth):
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
                 s = 0.0
-                for i in range(ne0):              # ggml_vec_sum_f32: a double sum, returned as float
+                # ggml_vec_sum_f32: a double sum, returned as float
+                for i in range(ne0):
                     s += np.float64(x[i])
                 mean = np.float32(s) / np.float32(ne0)
                 v = 0.0
-                for i in range(ne0):              # ggml_vec_cvar_f32: centre y, sum squares in double
+                # ggml_vec_cvar_f32: centre y, sum squares in double
+                for i in range(ne0):
                     c = x[i] - mean
                     y[i] = c
                     v += np.float64(c * c)
@@ -77,18 +81,20 @@ def _norm(a, d, eps, ith, nth):
                 for i in range(ne0):
                     y[i] = y[i] * scale
 
-
+# %% book/05_cpu_kernels.ipynb #1d6aa100
 def _check_norm(name, src0, dst, eps):
     check_4d(name, src0, dst)
     f32_only(name, src0, dst)
     if src0.shape != dst.shape:
-        raise GGMLError(f"{name}: src0 {ne_of(src0)} and dst {ne_of(dst)} differ in shape")
+        raise GGMLError(f"{name}: src0 {ne_of(src0)} and dst {ne_of(dst)} differ in "
+                        f"shape")
     if not eps >= 0:
         raise GGMLError(f"{name}: eps must be >= 0, got {eps}")
 
 
 def forward_rms_norm(src0, dst, eps, ith=0, nth=1):
-    """Each row x -> x / sqrt(mean(x^2) + eps), the sum of squares in double. F32. Strided rows."""
+    """Each row x -> x / sqrt(mean(x^2) + eps), the sum of squares in double. F32.
+    Strided rows."""
     _check_norm("rms_norm", src0, dst, eps)
     _rms_norm(src0, dst, np.float32(eps), ith, nth)
 
@@ -103,7 +109,8 @@ def forward_norm(src0, dst, eps, ith=0, nth=1):
 def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
     ne3, ne2, ne1, ne0 = a.shape
     ne13, ne12 = m.shape[0], m.shape[1]
-    n_head_log2 = 1 << int(np.floor(np.log2(ne2)))          # ALiBi: heads are the ne2 axis
+    # ALiBi: heads are the ne2 axis
+    n_head_log2 = 1 << int(np.floor(np.log2(ne2)))
     m0 = np.float32(2.0) ** (-max_bias / np.float32(n_head_log2))
     m1 = np.float32(2.0) ** (-(max_bias / np.float32(2.0)) / np.float32(n_head_log2))
     for i3 in range(ne3):
@@ -117,13 +124,15 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
             for i1 in range(ith, ne1, nth):                  # strided rows
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
                 mx = np.float32(-np.inf)
-                for i in range(ne0):                         # w = x*scale + slope*mask, kept in y
+                # w = x*scale + slope*mask, kept in y
+                for i in range(ne0):
                     w = x[i] * scale
                     if has_mask:
                         w += slope * ld(m[i3 % ne13, i2 % ne12, i1, i], tm)
                     y[i] = w
                     mx = max(mx, w)
-                s = 0.0                                      # ggml_vec_soft_max_f32: sum in double
+                # ggml_vec_soft_max_f32: sum in double
+                s = 0.0
                 for i in range(ne0):
                     e = np.exp(y[i] - mx)
                     y[i] = e
@@ -133,16 +142,19 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                     y[i] *= inv
 
 
-_NO_MASK = np.zeros((1, 1, 1, 1), np.float32)      # stands in for a missing mask (never read)
+# stands in for a missing mask (never read)
+_NO_MASK = np.zeros((1, 1, 1, 1), np.float32)
 
-
+# %% book/05_cpu_kernels.ipynb #e0df1424
 def soft_max_operands(src0, mask, dst, scale=1.0, max_bias=0.0):
-    """forward_soft_max's checks, made once: the arguments of the row loop _soft_max before
+    """forward_soft_max's checks, made once: the arguments of the row loop _soft_max
+    before
     (ith, nth). The compute chapter's compiled loop lowers a node with them."""
     check_4d("soft_max", src0, dst)
     f32_only("soft_max", src0, dst)
     if src0.shape != dst.shape:
-        raise GGMLError(f"soft_max: src0 {ne_of(src0)} and dst {ne_of(dst)} differ in shape")
+        raise GGMLError(f"soft_max: src0 {ne_of(src0)} and dst {ne_of(dst)} differ in "
+                        f"shape")
     if mask is None:
         if max_bias > 0:
             raise GGMLError("soft_max: max_bias > 0 (ALiBi) needs a mask")
@@ -152,15 +164,19 @@ def soft_max_operands(src0, mask, dst, scale=1.0, max_bias=0.0):
         m, tm = storage(mask, "soft_max mask")
         ne3, ne2, ne1, ne0 = src0.shape
         if tm == _BF16 or m.shape[3] != ne0 or m.shape[2] < ne1 or ne2 % m.shape[1] or ne3 % m.shape[0]:
-            raise GGMLError(f"soft_max: mask {ne_of(m)} {type_name(tm)} does not fit src0 "
-                            f"{ne_of(src0)} (F32/F16, mask.ne0 == ne0, mask.ne1 >= ne1, "
+            raise GGMLError(f"soft_max: mask {ne_of(m)} {type_name(tm)} does not fit "
+                            f"src0 "
+                            f"{ne_of(src0)} (F32/F16, mask.ne0 == ne0, mask.ne1 >= "
+                            f"ne1, "
                             f"ne2 and ne3 multiples of the mask's)")
     return src0, m, dst, tm, mask is not None, np.float32(scale), np.float32(max_bias)
 
 
 def forward_soft_max(src0, mask, dst, scale=1.0, max_bias=0.0, ith=0, nth=1):
-    """ggml_soft_max_ext: each row softmax(x*scale + slope*mask), mask optional (F32 or F16, rows
-    broadcast over ne2/ne3 by modulo), ALiBi slopes per head (ne2) when max_bias > 0. F32.
+    """ggml_soft_max_ext: each row softmax(x*scale + slope*mask), mask optional (F32 or
+    F16, rows
+    broadcast over ne2/ne3 by modulo), ALiBi slopes per head (ne2) when max_bias > 0.
+    F32.
     Strided rows. dst may be src0 (in place)."""
     _soft_max(*soft_max_operands(src0, mask, dst, scale, max_bias), ith, nth)
 
@@ -170,14 +186,16 @@ _ROPE_NORMAL, _ROPE_NEOX = 0, 2             # GGML_ROPE_TYPE_NORMAL, GGML_ROPE_T
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _corr_dim(n_dims, n_ctx_orig, n_rot, base):
-    """ggml_rope_yarn_corr_dim: the dimension whose wavelength fits n_rot times into n_ctx_orig."""
+    """ggml_rope_yarn_corr_dim: the dimension whose wavelength fits n_rot times into
+    n_ctx_orig."""
     return np.float32(n_dims) * np.log(np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2.0) * np.float32(math.pi))) \
         / (np.float32(2.0) * np.log(base))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
-    """ggml_rope_yarn_corr_dims: the [low, high] range of dimensions YaRN ramps between."""
+    """ggml_rope_yarn_corr_dims: the [low, high] range of dimensions YaRN ramps
+    between."""
     start = np.floor(_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base))
     end = np.ceil(_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base))
     return max(np.float32(0.0), start), min(np.float32(n_dims - 1), end)
@@ -185,32 +203,39 @@ def rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _rope_yarn(theta_extrap, freq_scale, low, high, i0, ext_factor, mscale):
-    """ggml's rope_yarn: the (cos, sin) of one pair, YaRN-mixed between interpolation and
+    """ggml's rope_yarn: the (cos, sin) of one pair, YaRN-mixed between interpolation
+    and
     extrapolation when ext_factor != 0, scaled by mscale (attn_factor)."""
     theta_interp = freq_scale * theta_extrap
     theta = theta_interp
     if ext_factor != 0:
         y = (np.float32(i0 // 2) - low) / max(np.float32(0.001), high - low)
-        ramp_mix = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * ext_factor
+        ramp_mix = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0),
+                                                               y))) * ext_factor
         theta = theta_interp * (np.float32(1.0) - ramp_mix) + theta_extrap * ramp_mix
         mscale *= np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / freq_scale)
     return np.cos(theta) * mscale, np.sin(theta) * mscale
 
 # %% book/05_cpu_kernels.ipynb #kern-rope-rows
 @njit(cache=True, nogil=True, error_model="numpy")
-def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_factor, theta_scale,
+def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_factor,
+          theta_scale,
           low, high, ith, nth):
     ne3, ne2, ne1, ne0 = a.shape
-    off = 1 if mode == _ROPE_NORMAL else n_dims // 2   # distance between the two of a pair
+    # distance between the two of a pair
+    off = 1 if mode == _ROPE_NORMAL else n_dims // 2
     ir0, ir1 = get_thread_range(ne1 * ne2 * ne3, ith, nth)
     for ir in range(ir0, ir1):
         i3, rem = divmod(ir, ne2 * ne1)
         i2, i1 = divmod(rem, ne1)
         x, y = a[i3, i2, i1], d[i3, i2, i1]
-        theta = np.float32(pos[i2])                         # theta_k = p * theta_scale**k, built
-        for i0 in range(0, n_dims, 2):                      # by repeated float32 multiplication
+        # theta_k = p * theta_scale**k, built
+        theta = np.float32(pos[i2])
+        # by repeated float32 multiplication
+        for i0 in range(0, n_dims, 2):
             f = ff[i0 // 2] if has_ff else np.float32(1.0)
-            c, s = _rope_yarn(theta / f, freq_scale, low, high, i0, ext_factor, attn_factor)
+            c, s = _rope_yarn(theta / f, freq_scale, low, high, i0, ext_factor,
+                              attn_factor)
             ic = i0 if mode == _ROPE_NORMAL else i0 // 2
             x0, x1 = ld(x[ic], t), ld(x[ic + off], t)
             y[ic] = st(x0 * c - x1 * s, t, y)
@@ -222,45 +247,61 @@ def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_f
 
 _NO_FREQ_FACTORS = np.ones(1, np.float32)
 
-
-def rope_operands(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0, freq_base=10000.0,
-                  freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0):
-    """forward_rope's checks and its per-node constants (theta_scale, YaRN's low and high, float32
+# %% book/05_cpu_kernels.ipynb #01995d38
+def rope_operands(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0,
+                  freq_base=10000.0,
+                  freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
+                  beta_slow=1.0):
+    """forward_rope's checks and its per-node constants (theta_scale, YaRN's low and
+    high, float32
     as in ggml), made once: the arguments of the row loop _rope before (ith, nth)."""
     check_4d("rope", src0, dst)
     (a, ta), (d, td) = storage(src0, "rope"), storage(dst, "rope")
     ne3, ne2, ne1, ne0 = a.shape
     if ta not in (_F32, _F16) or ta != td or a.shape != d.shape:
-        raise GGMLError(f"rope: src0 and dst must be F32 or F16 of one type and shape, got "
+        raise GGMLError(f"rope: src0 and dst must be F32 or F16 of one type and shape, "
+                        f"got "
                         f"{type_name(ta)} {ne_of(a)} and {type_name(td)} {ne_of(d)}")
     if mode not in (_ROPE_NORMAL, _ROPE_NEOX):
-        raise GGMLError(f"rope: mode {mode} is not supported here (0 normal, 2 NEOX; ggml's mrope and "
+        raise GGMLError(f"rope: mode {mode} is not supported here (0 normal, 2 NEOX; "
+                        f"ggml's mrope and "
                         f"vision modes are not implemented)")
     if n_dims % 2 or not 0 < n_dims <= ne0:
         raise GGMLError(f"rope: n_dims = {n_dims} must be even and in (0, ne0 = {ne0}]")
     pos = np.asarray(pos).reshape(-1)
     if pos.dtype != np.int32 or pos.size != ne2:
-        raise GGMLError(f"rope: pos must be an int32 vector of ne2 = {ne2} positions, got {pos.dtype} x {pos.size}")
+        raise GGMLError(f"rope: pos must be an int32 vector of ne2 = {ne2} positions, "
+                        f"got {pos.dtype} x {pos.size}")
     if freq_factors is not None:
         freq_factors = np.asarray(freq_factors).reshape(-1)
         if freq_factors.dtype != np.float32 or freq_factors.size < n_dims // 2:
-            raise GGMLError(f"rope: freq_factors must be F32 with at least n_dims/2 = {n_dims // 2} "
+            raise GGMLError(f"rope: freq_factors must be F32 with at least n_dims/2 = "
+                            f"{n_dims // 2} "
                             f"values, got {freq_factors.dtype} x {freq_factors.size}")
     ff = freq_factors if freq_factors is not None else _NO_FREQ_FACTORS
     f32 = np.float32
-    theta_scale = f32(freq_base) ** (f32(-2.0) / f32(n_dims))          # powf(freq_base, -2.0f/n_dims)
-    low, high = rope_yarn_corr_dims(n_dims, n_ctx_orig, f32(freq_base), f32(beta_fast), f32(beta_slow))
-    return (a, pos, ff, d, ta, freq_factors is not None, n_dims, mode, f32(freq_scale), f32(ext_factor),
-            f32(attn_factor), theta_scale, f32(low), f32(high))     # float corr_dims[2], as ggml's
+    # powf(freq_base, -2.0f/n_dims)
+    theta_scale = f32(freq_base) ** (f32(-2.0) / f32(n_dims))
+    low, high = rope_yarn_corr_dims(n_dims, n_ctx_orig, f32(freq_base), f32(beta_fast),
+                                    f32(beta_slow))
+    return (a, pos, ff, d, ta, freq_factors is not None, n_dims, mode, f32(freq_scale),
+            f32(ext_factor),
+            # float corr_dims[2], as ggml's
+            f32(attn_factor), theta_scale, f32(low), f32(high))
 
-
-def forward_rope(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0, freq_base=10000.0,
-                 freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0,
+# %% book/05_cpu_kernels.ipynb #dc91e442
+def forward_rope(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0,
+                 freq_base=10000.0,
+                 freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
+                 beta_slow=1.0,
                  ith=0, nth=1):
-    """ggml_rope_ext on src0 = [head_dim, n_head, n_tokens, batch] (numpy shape reversed), pos an
-    int32 vector of n_tokens positions, mode 0 (normal: adjacent pairs) or 2 (NEOX: x[k] with
+    """ggml_rope_ext on src0 = [head_dim, n_head, n_tokens, batch] (numpy shape
+    reversed), pos an
+    int32 vector of n_tokens positions, mode 0 (normal: adjacent pairs) or 2 (NEOX:
+    x[k] with
     x[k + n_dims/2]). F32 or F16 (dst of the same type). Block rows."""
-    _rope(*rope_operands(src0, pos, dst, n_dims, mode, freq_factors, n_ctx_orig, freq_base, freq_scale,
+    _rope(*rope_operands(src0, pos, dst, n_dims, mode, freq_factors, n_ctx_orig,
+                         freq_base, freq_scale,
                          ext_factor, attn_factor, beta_fast, beta_slow), ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-diag
@@ -280,7 +321,8 @@ def forward_diag_mask_inf(src0, dst, n_past, ith=0, nth=1):
     check_4d("diag_mask_inf", src0, dst)
     f32_only("diag_mask_inf", src0, dst)
     if src0.shape != dst.shape or n_past < 0:
-        raise GGMLError(f"diag_mask_inf: src0 {ne_of(src0)}, dst {ne_of(dst)}, n_past {n_past} "
+        raise GGMLError(f"diag_mask_inf: src0 {ne_of(src0)}, dst {ne_of(dst)}, n_past "
+                        f"{n_past} "
                         f"(same shapes and n_past >= 0 needed)")
     _diag_mask_inf(src0, dst, n_past, ith, nth)
 
@@ -289,7 +331,8 @@ def forward_diag_mask_inf(src0, dst, n_past, ith=0, nth=1):
 def _concat(a, b, d, dim, ith, nth):
     ne3, ne2, ne1, ne0 = d.shape
     ne03, ne02, ne01, ne00 = a.shape
-    o0 = ne00 if dim == 0 else 0                       # b's offsets: a's extent along dim
+    # b's offsets: a's extent along dim
+    o0 = ne00 if dim == 0 else 0
     o1 = ne01 if dim == 1 else 0
     o2 = ne02 if dim == 2 else 0
     o3 = ne03 if dim == 3 else 0
@@ -303,24 +346,30 @@ def _concat(a, b, d, dim, ith, nth):
                         d[i3, i2, i1, i0] = b[i3 - o3, i2 - o2, i1 - o1, i0 - o0]
 
 
-_CONCAT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int8), np.dtype(np.int16),
+_CONCAT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int8),
+                  np.dtype(np.int16),
                   np.dtype(np.int32))
 
 
 def forward_concat(src0, src1, dst, dim, ith=0, nth=1):
-    """dst = src0 and src1 joined along ggml dimension dim (0..3); one element type throughout,
-    any non-quantized one (F32, F16, BF16, I8, I16, I32): elements are moved, not converted.
+    """dst = src0 and src1 joined along ggml dimension dim (0..3); one element type
+    throughout,
+    any non-quantized one (F32, F16, BF16, I8, I16, I32): elements are moved, not
+    converted.
     Strided over ne2."""
     check_4d("concat", src0, src1, dst)
-    a, b, d = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (src0, src1, dst))
+    a, b, d = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (src0, src1,
+                                                                           dst))
     want = list(a.shape)
     if 0 <= dim <= 3:
         want[3 - dim] += b.shape[3 - dim]
     ok = 0 <= dim <= 3 and all(a.shape[k] == b.shape[k] for k in range(4) if k != 3 - dim)
     if not ok or not src0.dtype == src1.dtype == dst.dtype or a.dtype not in _CONCAT_DTYPES \
             or tuple(want) != d.shape:
-        raise GGMLError(f"concat: src0 {ne_of(a)} and src1 {ne_of(b)} cannot be joined along "
-                        f"dim {dim} into dst {ne_of(d)} (element types {src0.dtype}, {src1.dtype}, {dst.dtype})")
+        raise GGMLError(f"concat: src0 {ne_of(a)} and src1 {ne_of(b)} cannot be joined "
+                        f"along "
+                        f"dim {dim} into dst {ne_of(d)} (element types {src0.dtype}, "
+                        f"{src1.dtype}, {dst.dtype})")
     _concat(a, b, d, dim, ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-reductions
@@ -332,10 +381,12 @@ def _sum(a, t, d):
         for i2 in range(ne2):
             for i1 in range(ne1):
                 x = a[i3, i2, i1]
-                if t == _F32:                          # ggml_vec_sum_f32_ggf: all in double
+                # ggml_vec_sum_f32_ggf: all in double
+                if t == _F32:
                     for i in range(ne0):
                         total += np.float64(x[i])
-                else:                                  # ggml_vec_sum_f16_ggf: row sums in float
+                # ggml_vec_sum_f16_ggf: row sums in float
+                else:
                     row = np.float32(0.0)
                     for i in range(ne0):
                         row += ld(x[i], t)
@@ -350,10 +401,12 @@ def _sum_rows(a, d, mean):
         for i2 in range(ne2):
             for i1 in range(ne1):
                 x = a[i3, i2, i1]
-                s = 0.0                                # ggml_vec_sum_f32: double, returned as float
+                # ggml_vec_sum_f32: double, returned as float
+                s = 0.0
                 for i in range(ne0):
                     s += np.float64(x[i])
-                d[i3, i2, i1, 0] = np.float32(s) / np.float32(ne0) if mean else np.float32(s)
+                d[i3, i2, i1,
+                  0] = np.float32(s) / np.float32(ne0) if mean else np.float32(s)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -369,11 +422,13 @@ def _repeat(a, d):
 
 # %% book/05_cpu_kernels.ipynb #kern-reductions-api
 def forward_sum(src0, dst, ith=0, nth=1):
-    """dst[0] = the sum of all elements (double for F32, float for F16/BF16). Thread 0 only."""
+    """dst[0] = the sum of all elements (double for F32, float for F16/BF16). Thread 0
+    only."""
     check_4d("sum", src0, dst)
     (a, ta), (d, td) = storage(src0, "sum"), storage(dst, "sum")
     if ta != td or d.size != 1:
-        raise GGMLError(f"sum: dst must be one element of src0's type, got {ne_of(d)} {type_name(td)}")
+        raise GGMLError(f"sum: dst must be one element of src0's type, got {ne_of(d)} "
+                        f"{type_name(td)}")
     if ith == 0:
         _sum(a, ta, d)
 
@@ -388,7 +443,8 @@ def _forward_rows(name, mean, src0, dst, ith):
 
 
 def forward_sum_rows(src0, dst, ith=0, nth=1):
-    """dst[i3, i2, i1, 0] = the sum of row (i1, i2, i3), in double. F32. Thread 0 only."""
+    """dst[i3, i2, i1, 0] = the sum of row (i1, i2, i3), in double. F32. Thread 0
+    only."""
     _forward_rows("sum_rows", False, src0, dst, ith)
 
 
@@ -398,7 +454,8 @@ def forward_mean(src0, dst, ith=0, nth=1):
 
 
 def forward_repeat(src0, dst, ith=0, nth=1):
-    """dst = src0 tiled to dst's shape (each dst dim a multiple of src0's). Any element type,
+    """dst = src0 tiled to dst's shape (each dst dim a multiple of src0's). Any element
+    type,
     copied as is. Thread 0 only."""
     check_4d("repeat", src0, dst)
     a, d = src0, dst
@@ -407,13 +464,16 @@ def forward_repeat(src0, dst, ith=0, nth=1):
     if d.dtype == np.float16:
         d = d.view(np.uint16)
     if a.dtype != d.dtype or any(n % m for n, m in zip(d.shape, a.shape)):
-        raise GGMLError(f"repeat: src0 {ne_of(a)} {a.dtype} cannot be repeated to dst {ne_of(d)} {d.dtype}")
+        raise GGMLError(f"repeat: src0 {ne_of(a)} {a.dtype} cannot be repeated to dst "
+                        f"{ne_of(d)} {d.dtype}")
     if ith == 0:
         _repeat(a, d)
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names
-# The compiled row kernels themselves, under public names, for a compiled caller: the compute
-# chapter's node loop calls them directly, without the checks of the forward_* functions (it made
+# The compiled row kernels themselves, under public names, for a compiled caller: the
+# compute
+# chapter's node loop calls them directly, without the checks of the forward_* functions
+# (it made
 # those once, when it lowered the graph).
 scale_kernel = _scale
 rms_norm_kernel = _rms_norm

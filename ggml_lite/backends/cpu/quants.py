@@ -9,10 +9,14 @@ from numba import njit
 
 from ggml_lite.backends.cpu.common import storage
 from ggml_lite.core import GGMLError
-from ggml_lite.types import (Type, dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_K,
-                             dequantize_row_q6_K, dequantize_row_q8_0, dequantize_row_q8_1,
-                             dequantize_row_q8_K, fp32_to_fp16, quantize_row_q4_0_ref, quantize_row_q4_1_ref,
-                             quantize_row_q4_K_ref, quantize_row_q6_K_ref, quantize_row_q8_K_ref, type_name)
+from ggml_lite.types import (Type, dequantize_row_q4_0, dequantize_row_q4_1,
+                             dequantize_row_q4_K,
+                             dequantize_row_q6_K, dequantize_row_q8_0,
+                             dequantize_row_q8_1,
+                             dequantize_row_q8_K, fp32_to_fp16, quantize_row_q4_0_ref,
+                             quantize_row_q4_1_ref,
+                             quantize_row_q4_K_ref, quantize_row_q6_K_ref,
+                             quantize_row_q8_K_ref, type_name)
 
 # %% book/05_cpu_kernels.ipynb #kern-quantrows
 _Q4_0, _Q4_1, _Q8_0, _Q8_1 = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q8_0), int(Type.Q8_1)
@@ -41,8 +45,10 @@ def dequantize_row(t, x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row(t, x, y):
-    """type t's from_float on the CPU: float32 x -> uint8 blocks y. The types chapter's reference
-    quantizers, but for Q8_0 and Q8_1, which x86's ggml quantizes with AVX (see below)."""
+    """type t's from_float on the CPU: float32 x -> uint8 blocks y. The types chapter's
+    reference
+    quantizers, but for Q8_0 and Q8_1, which x86's ggml quantizes with AVX (see
+    below)."""
     if t == _Q4_0:
         quantize_row_q4_0_ref(x, y)
     elif t == _Q4_1:
@@ -63,18 +69,21 @@ def storage_any(a, t, where):
     """Like storage, but a uint8 array holds the blocks of the quantized type t."""
     if t is not None and int(t) in QUANTIZED:
         if a.dtype != np.uint8:
-            raise GGMLError(f"{where}: {type_name(t)} data must be the uint8 bytes of its blocks, got {a.dtype}")
+            raise GGMLError(f"{where}: {type_name(t)} data must be the uint8 bytes of "
+                            f"its blocks, got {a.dtype}")
         return a, int(t)
     a, ta = storage(a, where)
     if t is not None and int(t) != ta:
-        raise GGMLError(f"{where}: the array holds {type_name(ta)} data, not {type_name(t)}")
+        raise GGMLError(f"{where}: the array holds {type_name(ta)} data, not "
+                        f"{type_name(t)}")
     return a, ta
 
 # %% book/05_cpu_kernels.ipynb #kern-from-float
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _q8_x86(x, o, y, b, n_qs):
     """One block of 32 as ggml's AVX quantize_row_q8_0/q8_1: d = amax/127 and the codes
-    round-half-even(x * 127/amax) (_mm256_round_ps, then _mm256_cvtps_epi32, saturated by the
+    round-half-even(x * 127/amax) (_mm256_round_ps, then _mm256_cvtps_epi32, saturated
+    by the
     packs: NaN gives -128). Returns the sum of the codes (q8_1's s)."""
     amax = np.float32(0.0)
     for j in range(32):
@@ -85,7 +94,8 @@ def _q8_x86(x, o, y, b, n_qs):
     y[b], y[b + 1] = h & 0xFF, h >> 8
     total = 0
     for j in range(32):
-        v = np.rint(x[o + j] * idd)                    # rint: to nearest, halves to even
+        # rint: to nearest, halves to even
+        v = np.rint(x[o + j] * idd)
         q = -128 if not (v >= -128.0 and v <= 127.0) else np.int64(v)
         y[b + n_qs + j] = q & 0xFF
         total += q
@@ -94,16 +104,20 @@ def _q8_x86(x, o, y, b, n_qs):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_0(x, y):
-    """ggml-cpu's quantize_row_q8_0 on x86 (arch/x86/quants.c, the AVX path): Q8_0's from_float,
-    which converts CPY's and mul_mat's F32 to Q8_0 on the CPU. The reference quantizer of the
-    types chapter (roundf: halves away from zero, times 1/d) is what quantize_chunk uses."""
+    """ggml-cpu's quantize_row_q8_0 on x86 (arch/x86/quants.c, the AVX path): Q8_0's
+    from_float,
+    which converts CPY's and mul_mat's F32 to Q8_0 on the CPU. The reference quantizer
+    of the
+    types chapter (roundf: halves away from zero, times 1/d) is what quantize_chunk
+    uses."""
     for i in range(x.shape[0] // 32):
         _q8_x86(x, 32 * i, y, 34 * i, 2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_1(x, y):
-    """ggml-cpu's quantize_row_q8_1 on x86 (AVX path): as q8_0, and s = fp16(d * sum of codes)."""
+    """ggml-cpu's quantize_row_q8_1 on x86 (AVX path): as q8_0, and s = fp16(d * sum of
+    codes)."""
     for i in range(x.shape[0] // 32):
         total, d = _q8_x86(x, 32 * i, y, 36 * i, 4)
         h = np.int64(fp32_to_fp16(np.float32(total) * d))

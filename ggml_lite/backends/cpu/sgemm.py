@@ -11,7 +11,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.simd import AVX2, AVX512_VNNI, Vec, _x86, vfloat, vload, vsum, vzero
+from ggml_lite.backends.cpu.simd import AVX2, AVX512_VNNI, Vec, x86_intrinsic, vfloat, vload, vsum, vzero
 from ggml_lite.types import Type
 
 KN = 8                   # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
@@ -237,13 +237,13 @@ def _updot(typingctx, a, b):
         i32 = ir.VectorType(ir.IntType(32), 8)
         x, y = args
         if AVX2:
-            ax = _x86(builder, "llvm.x86.avx2.psign.b", i8, [x, x])
-            sy = _x86(builder, "llvm.x86.avx2.psign.b", i8, [y, x])
+            ax = x86_intrinsic(builder, "llvm.x86.avx2.psign.b", i8, [x, x])
+            sy = x86_intrinsic(builder, "llvm.x86.avx2.psign.b", i8, [y, x])
             if AVX512_VNNI:
-                return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", i32,
+                return x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32,
                             [ir.Constant(i32, None), builder.bitcast(ax, i32), builder.bitcast(sy, i32)])
-            pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", i16, [ax, sy])
-            return _x86(builder, "llvm.x86.avx2.pmadd.wd", i32, [ir.Constant(i16, [1] * 16), pairs])
+            pairs = x86_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", i16, [ax, sy])
+            return x86_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", i32, [ir.Constant(i16, [1] * 16), pairs])
         wide = ir.VectorType(ir.IntType(32), 32)
         prod = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
         out = ir.Constant(i32, None)

@@ -31,8 +31,10 @@ def op_is_empty(op):
 
 # %% book/06_cpu_compute.ipynb #eaeaffb3
 class Preparing:
-    """What a prepare function gets besides its node: the work buffer, the plan's thread count,
-    numpy views made once per tensor (one tensor feeds several nodes), and for a traced mul_mat
+    """What a prepare function gets besides its node: the work buffer, the plan's
+    thread count,
+    numpy views made once per tensor (one tensor feeds several nodes), and for a traced
+    mul_mat
     the array that records which thread computed each chunk."""
 
     def __init__(self, wdata, n_threads, llamafile=False):
@@ -48,7 +50,8 @@ class Preparing:
 
 
 def _scratch_rows(wdata, n, n_threads):
-    """Thread ith's float32 scratch row of n in the work buffer, a cache line apart (ggml's
+    """Thread ith's float32 scratch row of n in the work buffer, a cache line apart
+    (ggml's
     wdata + ith*(n + CACHE_LINE_SIZE_F32)); None where the plan reserved none."""
     stride = (n + CACHE_LINE_SIZE // 4) * 4
     if wdata is None or wdata.nbytes < n_threads * stride:
@@ -86,7 +89,8 @@ def _prepare_dup(node, p):
 
 
 def _prepare_scale(node, p):
-    a, d, s, bias = p.view(node.src[0]), p.view(node), get_op_params_f32(node, 0), get_op_params_f32(node, 1)
+    a, d, s, bias = p.view(node.src[0]), p.view(node), get_op_params_f32(node,
+                                                                         0), get_op_params_f32(node, 1)
     return lambda ith, nth: forward_scale(a, d, s, bias, ith, nth)
 
 
@@ -96,14 +100,16 @@ def _prepare_unary(node, p):
 
 
 def glu_args(node, p):
-    """forward_glu's arguments for node, before (ith, nth); the compiled loop's lowering reads
+    """forward_glu's arguments for node, before (ith, nth); the compiled loop's
+    lowering reads
     them too (as the other *_args below)."""
     a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
     op, swapped = get_glu_op(node), bool(get_op_params_i32(node, 1))
-    alpha, limit = get_op_params_f32(node, 2), get_op_params_f32(node, 3)      # SWIGLU_OAI's
+    # SWIGLU_OAI's
+    alpha, limit = get_op_params_f32(node, 2), get_op_params_f32(node, 3)
     return a, b, d, op, swapped, alpha, limit
 
-
+# %% book/06_cpu_compute.ipynb #770a9bd5
 def _prepare_glu(node, p):
     args = glu_args(node, p)
     return lambda ith, nth: forward_glu(*args, ith=ith, nth=nth)
@@ -111,7 +117,8 @@ def _prepare_glu(node, p):
 
 def soft_max_args(node, p):
     a, m, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
-    return a, m, d, get_op_params_f32(node, 0), get_op_params_f32(node, 1)     # scale, max_bias
+    # scale, max_bias
+    return a, m, d, get_op_params_f32(node, 0), get_op_params_f32(node, 1)
 
 
 def _prepare_soft_max(node, p):
@@ -121,13 +128,15 @@ def _prepare_soft_max(node, p):
 
 def rope_args(node, p):
     a, pos, d, ff = p.view(node.src[0]), p.view(node.src[1]).reshape(-1), p.view(node), p.view(node.src[2])
-    n_dims, mode, n_ctx_orig = get_op_params_i32(node, 1), get_op_params_i32(node, 2), get_op_params_i32(node, 4)
+    n_dims, mode, n_ctx_orig = get_op_params_i32(node, 1), get_op_params_i32(node,
+                                                                             2), get_op_params_i32(node, 4)
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = \
         (get_op_params_f32(node, i) for i in range(5, 11))
-    return (a, pos, d, n_dims, mode, ff, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+    return (a, pos, d, n_dims, mode, ff, n_ctx_orig, freq_base, freq_scale, ext_factor,
+            attn_factor,
             beta_fast, beta_slow)
 
-
+# %% book/06_cpu_compute.ipynb #097d64ca
 def _prepare_rope(node, p):
     args = rope_args(node, p)
     return lambda ith, nth: forward_rope(*args, ith=ith, nth=nth)
@@ -152,32 +161,37 @@ from ggml_lite.backends.cpu import sgemm as S
 
 
 def _flat(x):
-    """The memory of the strided array x from its first element to its last, as a 1-D array."""
+    """The memory of the strided array x from its first element to its last, as a 1-D
+    array."""
     span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize
     return np.lib.stride_tricks.as_strided(x, (span,), (x.itemsize,))
 
 
 def _ld(x):
-    """x's row and plane strides in elements (ne3 first in numpy: strides[2], [1], [0])."""
-    return [x.strides[2] // x.itemsize, x.strides[1] // x.itemsize, x.strides[0] // x.itemsize]
+    """x's row and plane strides in elements (ne3 first in numpy: strides[2], [1],
+    [0])."""
+    return [x.strides[2] // x.itemsize, x.strides[1] // x.itemsize,
+            x.strides[0] // x.itemsize]
 
 
 def mul_mat_sgemm(node, a, b, d, wdata, nth):
-    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05), decided before any
-    thread runs (they depend on types, shapes and nth only): first on src1 as it is when it is
-    contiguous, then, for an F16 or Q8_0 weight, on src1 converted to its vec_dot_type in wdata.
-    None when both decline (the chunk loop computes the node), else (convert, A, B, C, ld, m, n,
-    k, rn, bm) for S.gemm_planes (rn = 0: Q8_0 x Q8_0, for S.gemm_q0_planes; k in blocks): flat
-    operands, their strides in elements (bytes for Q8_0); convert: src1 goes to wdata first."""
+    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05),
+    decided before any thread runs (they depend on types, shapes and nth only): first
+    on src1 as it is when it is contiguous, then, for an F16 or Q8_0 weight, on src1
+    converted to its vec_dot_type in wdata. None when both decline (the chunk loop
+    computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for S.gemm_planes
+    (rn 0: Q8_0, for S.gemm_q0_planes; k in blocks, strides in bytes); convert: first."""
     t, tb = node.src[0].type, node.src[1].type
-    if t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4 or a.strides[3] != a.itemsize:
+    if (t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4
+            or a.strides[3] != a.itemsize):
         return None
     (ne03, ne02, ne01, ne00), (ne13, ne12, ne11, ne10) = a.shape, b.shape
     q8 = t == Type.Q8_0
     m, n, k, conv = ne01, ne11, ne10 // 32 if q8 else ne00, False
     plan = S.llamafile_sgemm_plan(m, n, k, nth, t, tb) if b.flags.c_contiguous else None
     vdt = Type.Q8_0 if q8 else Type.F16
-    if plan is None and t != Type.F32 and tb == Type.F32 and wdata is not None:   # second try: src1 in wdata
+    # second try: src1 converted to the weight's vec_dot_type in wdata
+    if plan is None and t != Type.F32 and tb == Type.F32 and wdata is not None:
         plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, vdt), True
         if q8:
             b = wdata[:ne13 * ne12 * ne11 * k * 34].reshape(ne13, ne12, ne11, k * 34)
@@ -186,28 +200,31 @@ def mul_mat_sgemm(node, a, b, d, wdata, nth):
     if plan is None:
         return None
     a, b = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (a, b))
-    ld = np.array(_ld(a) + _ld(b) + _ld(d) + [ne12 // ne02, ne13 // ne03, ne12, ne13], np.int64)
+    ld = np.array(_ld(a) + _ld(b) + _ld(d) + [ne12 // ne02, ne13 // ne03, ne12, ne13],
+                  np.int64)
     return conv, _flat(a), _flat(b), _flat(d), ld, m, n, k, *plan
 
-
+# %% book/06_cpu_compute.ipynb #840aed45
 def _prepare_mul_mat(node, p):
-    """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's sgemm when it
-    takes the node (mul_mat_sgemm), else the chunk loop."""
+    """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's
+    sgemm when it takes the node (mul_mat_sgemm), else the chunk loop."""
     t = node.src[0].type
     a, b, d, wdata, owner = p.view(node.src[0]), p.view(node.src[1]), p.view(node), p.wdata, p.owner
     counter = np.zeros(1, np.int64)                 # threadpool->current_chunk
-    sgemm = (lambda nth: mul_mat_sgemm(node, a, b, d, wdata, nth)) if p.llamafile else (lambda nth: None)
+    sgemm = (lambda nth: mul_mat_sgemm(node, a, b, d, wdata,
+                                       nth)) if p.llamafile else (lambda nth: None)
 
     def convert(ith, nth):
         sg = sgemm(nth)
-        if sg is None or sg[0]:                     # (sgemm on src1 as it is: nothing to convert)
+        # (sgemm on src1 as it is: nothing to convert)
+        if sg is None or sg[0]:
             V.forward_mul_mat_src1(t, b, wdata, ith, nth)
         if ith == 0:
             counter[0] = nth
 
     def chunks(ith, nth):
         sg = sgemm(nth)
-        if sg is not None and sg[-2] == 0:          # Q8_0 x Q8_0: tinyBLAS_Q0's own tiles
+        if sg is not None and sg[-2] == 0:          # Q8_0 x Q8_0: tinyBLAS_Q0's tiles
             S.gemm_q0_planes(*sg[1:8], ith, nth)
         elif sg is not None:
             S.gemm_planes(*sg[1:], counter, ith, nth)
@@ -217,8 +234,10 @@ def _prepare_mul_mat(node, p):
 
 # %% book/06_cpu_compute.ipynb #table-supports
 _FLOAT = (Type.F32, Type.F16, Type.BF16)
-_QUANTIZED = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K, Type.Q8_K)
-# quantized types ggml can read back as floats (type_traits[].to_float; Q8_1 and Q8_K have none)
+_QUANTIZED = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K,
+              Type.Q8_K)
+# quantized types ggml can read back as floats (type_traits[].to_float; Q8_1 and Q8_K
+# have none)
 _TO_FLOAT = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
 _INTEGER = (Type.I8, Type.I16, Type.I32)
 
@@ -228,7 +247,8 @@ def _names(types):
 
 
 def _same(node, allowed):
-    """src0 and dst of one type among allowed (the element-wise kernels of one storage type)."""
+    """src0 and dst of one type among allowed (the element-wise kernels of one storage
+    type)."""
     if node.src[0].type != node.type or node.type not in allowed:
         return f"src0 and dst must be one type of {_names(allowed)}"
     return None
@@ -244,7 +264,8 @@ def _supports_binary(node):
 def _supports_dup(node):
     ts, td, dst = node.src[0].type, node.type, node
     if ts == td and ts not in _INTEGER:
-        return None                                   # bytes or elements, in logical order
+        # bytes or elements, in logical order
+        return None
     if ts in _FLOAT and td in _FLOAT:
         return None
     if ts in _FLOAT and td in _QUANTIZED:
@@ -257,7 +278,8 @@ def _supports_dup(node):
 
 
 def _packed(t):
-    """Contiguous: every stride the product of the ones below (what the copy kernels can write)."""
+    """Contiguous: every stride the product of the ones below (what the copy kernels
+    can write)."""
     nb = type_size(t.type)
     for i in range(4):
         if t.ne[i] != 1 and t.nb[i] != nb:
@@ -269,7 +291,9 @@ def _packed(t):
 def _supports_unary(node):
     pairs = unary_types(get_unary_op(node))
     if (node.src[0].type, node.type) not in pairs:
-        return "(src0, dst) types must be one of " + ", ".join(f"({type_name(s)}, {type_name(d)})" for s, d in pairs)
+        return "(src0, dst) types must be one of " + ", ".join(f"({type_name(s)}, "
+                                                               f"{type_name(d)})" for s,
+                                                               d in pairs)
     return None
 
 
@@ -292,7 +316,8 @@ def _supports_soft_max(node):
     if sinks is not None:
         return "attention sinks (src2) have no kernel here"
     if mask is None:
-        return "max_bias > 0 (ALiBi) needs a mask" if get_op_params_f32(node, 1) > 0 else _same(node, (Type.F32,))
+        return "max_bias > 0 (ALiBi) needs a mask" if get_op_params_f32(node,
+                                                                        1) > 0 else _same(node, (Type.F32,))
     if mask.type not in (Type.F32, Type.F16):
         return "the mask must be F32 or F16"
     ne, mne = src0.ne, mask.ne
@@ -316,13 +341,16 @@ def _supports_rope(node):
 
 # %% book/06_cpu_compute.ipynb #table-supports-3
 def _supports_diag_mask_inf(node):
-    return "n_past must be >= 0" if get_op_params_i32(node, 0) < 0 else _same(node, (Type.F32,))
+    return "n_past must be >= 0" if get_op_params_i32(node, 0) < 0 else _same(node,
+                                                                              (Type.F32,
+                                                                               ))
 
 
 def _supports_get_rows(node):
     src0, src1 = node.src[0], node.src[1]
     want = Type.I32 if src0.type == Type.I32 else Type.F32
-    if src1.type != Type.I32 or src0.type not in _FLOAT + _TO_FLOAT + (Type.I32,) or node.type != want:
+    if src1.type != Type.I32 or src0.type not in _FLOAT + _TO_FLOAT + (Type.I32,
+                                                                       ) or node.type != want:
         return f"src0 {_names(_FLOAT + _TO_FLOAT)} (dst F32) or I32 (dst I32), src1 I32"
     return None
 
@@ -342,7 +370,8 @@ def _supports_mul_mat(node):
     vdt = V.get_type_traits_cpu(src0.type).vec_dot_type
     if src1.type != Type.F32 and (src1.type != vdt or is_quantized(vdt)):
         return (f"src1 must be F32{f' or {type_name(vdt)}' if not is_quantized(vdt) else ''} (activations "
-                f"already in a quantized vec_dot_type such as {type_name(vdt)} have no kernel here)")
+                f"already in a quantized vec_dot_type such as {type_name(vdt)} have no "
+                f"kernel here)")
     if src0.nb[0] != type_size(src0.type) or src1.nb[0] != type_size(src1.type):
         return "src0 and src1 rows must be contiguous (nb0 = the type's size)"
     nb = node.nb
@@ -380,10 +409,13 @@ class CpuKernel:
     prepare(node, p) -> run(ith, nth), or a tuple of runs with a barrier between them;
     n_tasks(node, n_threads) -> ggml_get_n_tasks' count (it sizes the work buffer);
     work_size(node, n_tasks) -> bytes of scratch (ggml_graph_plan's `cur`);
-    supports(node) -> None when the kernel computes this node's types and layouts, else why not;
+    supports(node) -> None when the kernel computes this node's types and layouts, else
+    why not;
     types: what supports accepts, in words;
-    lower(node, p, nth) -> the node's rows of the compiled loop's program, or None (a call back
-    into Python): set by the kernels of extra buffer types (chapter 07c); the table's own ops
+    lower(node, p, nth) -> the node's rows of the compiled loop's program, or None (a
+    call back
+    into Python): set by the kernels of extra buffer types (chapter 07c); the table's
+    own ops
     are lowered by the compute loop itself."""
     op: Op
     kind: object
@@ -402,7 +434,7 @@ def _all(node, n_threads):
 def _one(node, n_threads):
     return 1
 
-
+# %% book/06_cpu_compute.ipynb #c07d347c
 def _rows_of_src0(node, n_threads):
     return min(n_threads, nrows(node.src[0]))
 
@@ -412,15 +444,19 @@ def _none(node, n_tasks):
 
 
 def _row_per_task(node, n_tasks):
-    return 4 * node.ne[0] * n_tasks                      # soft_max, rope: a float row per task
+    # soft_max, rope: a float row per task
+    return 4 * node.ne[0] * n_tasks
 
 
 def _copy_scratch(node, n_tasks):
-    """ggml_graph_plan for CPY/DUP: a float row per task when the destination is quantized, or
+    """ggml_graph_plan for CPY/DUP: a float row per task when the destination is
+    quantized, or
     (CPY) F16<->BF16 or F32<->I32 ("through intermediate F32")."""
     ts, td = node.src[0].type, (node.src[1].type if node.src[1] is not None else None)
-    pairs = {(Type.F16, Type.BF16), (Type.BF16, Type.F16), (Type.F32, Type.I32), (Type.I32, Type.F32)}
-    return 4 * node.ne[0] * n_tasks if is_quantized(node.type) or (ts, td) in pairs else 0
+    pairs = {(Type.F16, Type.BF16), (Type.BF16, Type.F16), (Type.F32, Type.I32),
+             (Type.I32, Type.F32)}
+    return 4 * node.ne[0] * n_tasks if is_quantized(node.type) or (ts,
+                                                                   td) in pairs else 0
 
 
 def _mul_mat_work(node, n_tasks):
@@ -487,9 +523,12 @@ def cpu_kernel_key(node):
 
 
 def _extra_kernel(node):
-    """ggml_cpu_extra_compute_forward's question, asked before the table: does the buffer type
-    holding src0 carry CPU kernels of its own for this node (`buft.cpu_extra`, a weight rewritten
-    into another layout by the CPU device's extra buffer types, chapter 07c)? Its kernel or None."""
+    """ggml_cpu_extra_compute_forward's question, asked before the table: does the
+    buffer type
+    holding src0 carry CPU kernels of its own for this node (`buft.cpu_extra`, a weight
+    rewritten
+    into another layout by the CPU device's extra buffer types, chapter 07c)? Its
+    kernel or None."""
     src0 = node.src[0] if node.src else None
     buf = None if src0 is None else (src0.view_src.buffer if src0.view_src is not None else src0.buffer)
     extra = getattr(getattr(buf, "buft", None), "cpu_extra", None)
@@ -497,7 +536,8 @@ def _extra_kernel(node):
 
 
 def cpu_kernel(node):
-    """node's row of CPU_KERNELS (or its extra buffer type's kernel), or None if the CPU has no
+    """node's row of CPU_KERNELS (or its extra buffer type's kernel), or None if the
+    CPU has no
     kernel for its op (and kind)."""
     extra = _extra_kernel(node)
     if extra is not None:
@@ -509,7 +549,8 @@ def cpu_kernel(node):
 
 
 def _op_text(node):
-    """op_desc(node), or the op and the raw kind id when that id is outside ggml's enum."""
+    """op_desc(node), or the op and the raw kind id when that id is outside ggml's
+    enum."""
     try:
         return op_desc(node)
     except ValueError:
@@ -517,7 +558,8 @@ def _op_text(node):
 
 # %% book/06_cpu_compute.ipynb #table-answer
 def cpu_unsupported_reason(node):
-    """None if the CPU computes node (op, kind, types, layouts); else why not, in words."""
+    """None if the CPU computes node (op, kind, types, layouts); else why not, in
+    words."""
     if op_is_empty(node.op):
         return None
     kernel = cpu_kernel(node)
@@ -540,15 +582,19 @@ def _describe(node):
 
 
 def cpu_check_node(node, index=None):
-    """node's CpuKernel, or GGMLError naming the node, its op and its types (before any kernel runs)."""
+    """node's CpuKernel, or GGMLError naming the node, its op and its types (before any
+    kernel runs)."""
     why = cpu_unsupported_reason(node)
     if why is not None:
         at = f"node {index} " if index is not None else "node "
-        raise GGMLError(f"CPU: {at}'{node.name}' ({_op_text(node)}) cannot be computed: {why} "
+        raise GGMLError(f"CPU: {at}'{node.name}' ({_op_text(node)}) cannot be "
+                        f"computed: {why} "
                         f"[{_describe(node)}]")
     return cpu_kernel(node)
 
 
-# sources every op of the table reads (the rest optional: soft_max's mask, rope's freq_factors)
-_N_SRC = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.DIV: 2, Op.CPY: 2, Op.ROPE: 2, Op.GET_ROWS: 2,
+# sources every op of the table reads (the rest optional: soft_max's mask, rope's
+# freq_factors)
+_N_SRC = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.DIV: 2, Op.CPY: 2, Op.ROPE: 2,
+          Op.GET_ROWS: 2,
           Op.CONCAT: 2, Op.MUL_MAT: 2, Op.SET_ROWS: 3}

@@ -25,29 +25,36 @@ _SQRT_2_INV = np.float32(0.70710678118654752440084436210484)
 
 
 def _fp16_table(f):
-    """fp16(f(x)) for every fp16 bit pattern x, f evaluated in float32: how ggml_cpu_init fills
+    """fp16(f(x)) for every fp16 bit pattern x, f evaluated in float32: how
+    ggml_cpu_init fills
     ggml_table_gelu_f16 and ggml_table_gelu_quick_f16, once."""
     with np.errstate(all="ignore"):          # the table includes inf and NaN inputs
         return f(table_f32_f16).astype(np.float16).view(np.uint16)
 
 
 def _libm_f32(f):
-    """libm's float function (tanhf, expf) as C gives it, correctly rounded: f in double, rounded
-    once to float32. numpy's own float32 tanh and exp are vectorised approximations whose last
-    bit depends on the CPU they run on (one ulp off near tanh = -1, where gelu's table is 0)."""
+    """libm's float function (tanhf, expf) as C gives it, correctly rounded: f in
+    double, rounded
+    once to float32. numpy's own float32 tanh and exp are vectorised approximations
+    whose last
+    bit depends on the CPU they run on (one ulp off near tanh = -1, where gelu's table
+    is 0)."""
     return lambda z: f(z.astype(np.float64)).astype(np.float32)
 
 
 _tanhf, _expf = _libm_f32(np.tanh), _libm_f32(np.exp)
-_GELU_F16 = _fp16_table(lambda x: np.float32(0.5) * x * (np.float32(1.0) + _tanhf(      # ggml_gelu_f32
+# ggml_gelu_f32
+_GELU_F16 = _fp16_table(lambda x: np.float32(0.5) * x * (np.float32(1.0) + _tanhf(
     _SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x))))
-_GELU_QUICK_F16 = _fp16_table(lambda x: x * (np.float32(1.0) / (np.float32(1.0)        # ggml_gelu_quick_f32
+# ggml_gelu_quick_f32
+_GELU_QUICK_F16 = _fp16_table(lambda x: x * (np.float32(1.0) / (np.float32(1.0)
                                                                 + _expf(_GELU_QUICK_COEF * x))))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_f32(x):
-    """ggml_vec_gelu_f32 with GGML_GELU_FP16: x <= -10 -> 0, x >= 10 -> x, otherwise the table
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: x <= -10 -> 0, x >= 10 -> x, otherwise
+    the table
     entry at fp16(x): the result has fp16 precision, as in ggml."""
     if x <= np.float32(-10.0):
         return np.float32(0.0)
@@ -58,7 +65,8 @@ def _gelu_f32(x):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_quick_f32(x):
-    """ggml_vec_gelu_quick_f32 with GGML_GELU_QUICK_FP16: the table entry at fp16(x), for every x."""
+    """ggml_vec_gelu_quick_f32 with GGML_GELU_QUICK_FP16: the table entry at fp16(x),
+    for every x."""
     return table_f32_f16[_GELU_QUICK_F16[fp32_to_fp16(x)]]
 
 
@@ -67,15 +75,19 @@ def _silu_f32(x):
     return x / (np.float32(1.0) + np.exp(-x))
 
 # %% book/05_cpu_kernels.ipynb #kern-unary-loop
-# enum ggml_unary_op as plain ints for the compiled code (ggml's ids: ABS = 0 ... TRUNC = 21)
-(_ABS, _SGN, _NEG, _STEP, _TANH, _ELU, _RELU, _SIGMOID, _GELU, _GELU_QUICK, _SILU, _HARDSWISH,
- _HARDSIGMOID, _EXP, _EXPM1, _SOFTPLUS, _GELU_ERF, _XIELU, _FLOOR, _CEIL, _ROUND, _TRUNC) = \
+# enum ggml_unary_op as plain ints for the compiled code (ggml's ids: ABS = 0 ... TRUNC
+# = 21)
+(_ABS, _SGN, _NEG, _STEP, _TANH, _ELU, _RELU, _SIGMOID, _GELU, _GELU_QUICK, _SILU,
+ _HARDSWISH,
+ _HARDSIGMOID, _EXP, _EXPM1, _SOFTPLUS, _GELU_ERF, _XIELU, _FLOOR, _CEIL, _ROUND,
+ _TRUNC) = \
     (int(u) for u in UnaryOp if u != UnaryOp.COUNT)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary_f32(op, x):
-    """ggml's float32 function of unary op `op` at float32 x (unary-ops.cpp op_*, vec.h)."""
+    """ggml's float32 function of unary op `op` at float32 x (unary-ops.cpp op_*,
+    vec.h)."""
     one, zero = np.float32(1.0), np.float32(0.0)
     if op == _SILU:
         return _silu_f32(x)
@@ -129,8 +141,10 @@ def _unary(op, a, d, ta, td, ith, nth):
         i3, rem = divmod(ir, ne2 * ne1)
         i2, i1 = divmod(rem, ne1)
         x, y = a[i3, i2, i1], d[i3, i2, i1]
-        if op == _SILU:                       # the activations of llama- and GPT-style models
-            for i in range(ne0):              # get loops of their own, free of the switch
+        # the activations of llama- and GPT-style models
+        if op == _SILU:
+            # get loops of their own, free of the switch
+            for i in range(ne0):
                 y[i] = st(_silu_f32(ld(x[i], ta)), td, y)
         elif op == _GELU:
             for i in range(ne0):
@@ -142,7 +156,8 @@ def _unary(op, a, d, ta, td, ith, nth):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary_lookup(table, a, d, ith, nth):
-    """ggml_vec_gelu_f16, ggml_vec_gelu_quick_f16: F16 in and out, the result read from the
+    """ggml_vec_gelu_f16, ggml_vec_gelu_quick_f16: F16 in and out, the result read from
+    the
     table by the input's bits."""
     ne3, ne2, ne1, ne0 = a.shape
     ir0, ir1 = get_thread_range(ne1 * ne2 * ne3, ith, nth)
@@ -154,12 +169,15 @@ def _unary_lookup(table, a, d, ith, nth):
             y[i] = table[x[i]]
 
 # %% book/05_cpu_kernels.ipynb #kern-unary-api
-# (src0, dst) types: unary_op<op> of unary-ops.cpp, and the ops.cpp kernels of the GELUs and SILU
+# (src0, dst) types: unary_op<op> of unary-ops.cpp, and the ops.cpp kernels of the GELUs
+# and SILU
 _UNARY_TYPES = ((_F32, _F32), (_F16, _F16), (_BF16, _BF16), (_F16, _F32), (_BF16, _F32))
-_OPS_CPP, _OPS_CPP_TYPES = (_GELU, _GELU_QUICK, _GELU_ERF, _SILU), ((_F32, _F32), (_F16, _F16))
+_OPS_CPP, _OPS_CPP_TYPES = (_GELU, _GELU_QUICK, _GELU_ERF, _SILU), ((_F32, _F32), (_F16,
+                                                                                   _F16))
 _ALL_OPS = frozenset(UnaryOp)
 _KERNEL_OPS = _ALL_OPS - {UnaryOp.XIELU, UnaryOp.COUNT}
-UNARY_OPS = _KERNEL_OPS              # the unary kinds with a kernel: every one but XIELU
+# the unary kinds with a kernel: every one but XIELU
+UNARY_OPS = _KERNEL_OPS
 
 
 def unary_types(op):
@@ -169,12 +187,15 @@ def unary_types(op):
 
 
 def forward_unary(src0, dst, op, ith=0, nth=1):
-    """dst = f(src0), element by element, for the UnaryOp `op` (ggml_compute_forward_unary); every
-    op but XIELU. F32, F16 or BF16 in and out, or F16/BF16 in and F32 out; GELU, GELU_QUICK,
+    """dst = f(src0), element by element, for the UnaryOp `op`
+    (ggml_compute_forward_unary); every
+    op but XIELU. F32, F16 or BF16 in and out, or F16/BF16 in and F32 out; GELU,
+    GELU_QUICK,
     GELU_ERF and SILU: F32 or F16, the same in and out. Block rows."""
     if op not in _KERNEL_OPS:
         label = UnaryOp(op).name if op in _ALL_OPS else op
-        raise GGMLError(f"unary: {label} has no CPU kernel in ggml_lite (every unary op has one but "
+        raise GGMLError(f"unary: {label} has no CPU kernel in ggml_lite (every unary "
+                        f"op has one but "
                         f"XIELU, whose four parameters have no constructor here)")
     op = UnaryOp(op)
     name = op.name.lower()
@@ -183,7 +204,8 @@ def forward_unary(src0, dst, op, ith=0, nth=1):
     pairs = _OPS_CPP_TYPES if op in _OPS_CPP else _UNARY_TYPES
     if (ta, td) not in pairs or a.shape != d.shape:
         allowed = ", ".join(f"{type_name(s)} -> {type_name(t)}" for s, t in pairs)
-        raise GGMLError(f"{name}: src0 {type_name(ta)} {ne_of(a)} -> dst {type_name(td)} {ne_of(d)} is not "
+        raise GGMLError(f"{name}: src0 {type_name(ta)} {ne_of(a)} -> dst "
+                        f"{type_name(td)} {ne_of(d)} is not "
                         f"supported (same shape; types {allowed})")
     if ta == _F16 and td == _F16 and op in (_GELU, _GELU_QUICK):
         _unary_lookup(_GELU_F16 if op == _GELU else _GELU_QUICK_F16, a, d, ith, nth)
@@ -197,7 +219,8 @@ def forward_silu(src0, dst, ith=0, nth=1):
 
 
 def forward_gelu(src0, dst, ith=0, nth=1):
-    """dst = gelu(x) through ggml's fp16 table (tanh approximation), F32 or F16. Block rows."""
+    """dst = gelu(x) through ggml's fp16 table (tanh approximation), F32 or F16. Block
+    rows."""
     forward_unary(src0, dst, UnaryOp.GELU, ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-swiglu
@@ -207,7 +230,8 @@ _REGLU, _GEGLU, _SWIGLU, _SWIGLU_OAI, _GEGLU_ERF, _GEGLU_QUICK = (int(g) for g i
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _glu_f32(op, x, g, alpha, limit):
-    """ggml_vec_<op>_f32 at one element: the activation of x (the gate) times g (the value)."""
+    """ggml_vec_<op>_f32 at one element: the activation of x (the gate) times g (the
+    value)."""
     if op == _SWIGLU:
         return _silu_f32(x) * g
     if op == _GEGLU:                            # ggml_vec_geglu_f32 with GGML_GELU_FP16
@@ -216,15 +240,18 @@ def _glu_f32(op, x, g, alpha, limit):
         return x * g if x > np.float32(0.0) else np.float32(0.0)
     if op == _GEGLU_ERF:
         return np.float32(0.5) * x * (np.float32(1.0) + np.float32(math.erf(x * _SQRT_2_INV))) * g
-    if op == _GEGLU_QUICK:                      # GGML_GELU_QUICK_FP16: the table at fp16(x)
+    # GGML_GELU_QUICK_FP16: the table at fp16(x)
+    if op == _GEGLU_QUICK:
         return _gelu_quick_f32(x) * g
-    x = min(x, limit)                           # _SWIGLU_OAI (ggml_compute_forward_swiglu_oai_f32)
+    # _SWIGLU_OAI (ggml_compute_forward_swiglu_oai_f32)
+    x = min(x, limit)
     y = min(max(g, -limit), limit)
     return x / (np.float32(1.0) + np.exp(alpha * (-x))) * (y + np.float32(1.0))
 
 
 def _glu_at(op, xv, g, alpha, limit):
-    """The GLU of one stored gate element xv (float32, or fp16 bits) and the float32 value g."""
+    """The GLU of one stored gate element xv (float32, or fp16 bits) and the float32
+    value g."""
 
 
 @overload(_glu_at)
@@ -232,9 +259,12 @@ def _glu_at_impl(op, xv, g, alpha, limit):
     if isinstance(xv, types.Float):
         return lambda op, xv, g, alpha, limit: _glu_f32(op, xv, g, alpha, limit)
 
-    def f16(op, xv, g, alpha, limit):           # ggml_vec_<op>_f16: GEGLU and GEGLU_QUICK read
-        if op == _GEGLU:                        # their table by the bits (no thresholds); the
-            return table_f32_f16[_GELU_F16[xv]] * g    # others widen and compute in float32
+    # ggml_vec_<op>_f16: GEGLU and GEGLU_QUICK read
+    def f16(op, xv, g, alpha, limit):
+        # their table by the bits (no thresholds); the
+        if op == _GEGLU:
+            # others widen and compute in float32
+            return table_f32_f16[_GELU_F16[xv]] * g
         if op == _GEGLU_QUICK:
             return table_f32_f16[_GELU_QUICK_F16[xv]] * g
         return _glu_f32(op, table_f32_f16[xv], g, alpha, limit)
@@ -253,18 +283,21 @@ def _glu(op, a, b, d, offa, offb, t, alpha, limit, ith, nth):
             y[i] = st(_glu_at(op, x[offa + i], ld(g[offb + i], t), alpha, limit), t, y)
 
 # %% book/05_cpu_kernels.ipynb #kern-glu-api
-# The GLU kinds with a kernel (all of ggml's) and the storage types each takes: F32 or F16, the
+# The GLU kinds with a kernel (all of ggml's) and the storage types each takes: F32 or
+# F16, the
 # same for src0, src1 and dst (SWIGLU_OAI: F32 only, ggml_compute_forward_swiglu_oai).
 GLU_OPS = frozenset(g for g in GluOp if g != GluOp.COUNT)
 
 
 def glu_types(op):
-    """The types ggml's CPU kernel of GLU kind op computes (one type for src0, src1 and dst)."""
+    """The types ggml's CPU kernel of GLU kind op computes (one type for src0, src1 and
+    dst)."""
     return (Type.F32,) if op == GluOp.SWIGLU_OAI else (Type.F32, Type.F16)
 
 
 def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
-    """forward_glu's checks, made once: the arguments of the row loop _glu before (ith, nth)."""
+    """forward_glu's checks, made once: the arguments of the row loop _glu before (ith,
+    nth)."""
     op = GluOp(op)
     name = op.name.lower()
     if op not in GLU_OPS:
@@ -278,25 +311,34 @@ def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
         a.shape[:3] == d.shape[:3] and a.shape[3] // 2 == nc
     if Type(ta) not in glu_types(op) or not ta == tb == td or not fits:
         allowed = "/".join(type_name(t) for t in glu_types(op))
-        raise GGMLError(f"{name}: src0 {ne_of(a)} {type_name(ta)}, src1 {ne_of(b)} {type_name(tb)} "
-                        f"and dst {ne_of(d)} {type_name(td)} do not fit (one {allowed} type; "
+        raise GGMLError(f"{name}: src0 {ne_of(a)} {type_name(ta)}, src1 {ne_of(b)} "
+                        f"{type_name(tb)} "
+                        f"and dst {ne_of(d)} {type_name(td)} do not fit (one {allowed} "
+                        f"type; "
                         f"split: equal shapes; fused: dst rows of src0.ne0/2)")
     offa, offb = (0, 0) if src1 is not None else ((nc, 0) if swapped else (0, nc))
     return int(op), a, b, d, offa, offb, ta, np.float32(alpha), np.float32(limit)
 
 
-def forward_glu(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0, ith=0, nth=1):
-    """ggml_compute_forward_glu: dst = act(gate) * value for the GluOp op. Split (src1 given):
-    gate src0, value src1, equal shapes. Fused (src1 None): dst rows have nc = ne00/2 (rounded
-    down), the gate is src0[0:nc] of each row and the value src0[nc:2nc] (the other way round if
-    swapped). SWIGLU_OAI: x = min(gate, limit), y = clamp(value, ±limit), x·σ(alpha·x)·(y + 1).
+def forward_glu(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0, ith=0,
+                nth=1):
+    """ggml_compute_forward_glu: dst = act(gate) * value for the GluOp op. Split (src1
+    given):
+    gate src0, value src1, equal shapes. Fused (src1 None): dst rows have nc = ne00/2
+    (rounded
+    down), the gate is src0[0:nc] of each row and the value src0[nc:2nc] (the other way
+    round if
+    swapped). SWIGLU_OAI: x = min(gate, limit), y = clamp(value, ±limit),
+    x·σ(alpha·x)·(y + 1).
     Types: glu_types(op). Block rows."""
     _glu(*glu_operands(src0, src1, dst, op, swapped, alpha, limit), ith, nth)
 
 
 def forward_swiglu(src0, src1, dst, swapped=False, ith=0, nth=1):
-    """dst = silu(src0) * src1 (ggml_swiglu_split), or fused (src1 None): forward_glu with SWIGLU."""
+    """dst = silu(src0) * src1 (ggml_swiglu_split), or fused (src1 None): forward_glu
+    with SWIGLU."""
     forward_glu(src0, src1, dst, GluOp.SWIGLU, swapped, ith=ith, nth=nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names-glu
-glu_kernel = _glu                    # the compiled row loop, for the compute chapter's node loop
+# the compiled row loop, for the compute chapter's node loop
+glu_kernel = _glu

@@ -14,34 +14,43 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
 from ggml_lite.backends.cpu.quants import quantize_row as _quantize_row
-from ggml_lite.backends.cpu.simd import (vas, vcat, vdot, vdot4, vfloat, vget, vi8, vi16, vload, vload_f16,
-                                        vload_i16, vmaddubs, vpack, vpairs, vpick2, vsplat2, vsum, vu8, vzero)
+from ggml_lite.backends.cpu.simd import (vas, vcat, vdot, vdot4, vfloat, vget, vi8,
+                                         vi16, vload, vload_f16,
+                                        vload_i16, vmaddubs, vpack, vpairs, vpick2,
+                                         vsplat2, vsum, vu8, vzero)
 from ggml_lite.core import GGMLError
-from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row, fp32_to_fp16_row,
+from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
+                             fp32_to_fp16_row,
                              get_type_traits, row_size, type_name, type_size)
 
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
-_FLOAT_DTYPE = {Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16), Type.BF16: np.dtype(np.uint16)}
+_FLOAT_DTYPE = {Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16),
+                Type.BF16: np.dtype(np.uint16)}
 _Q4_0, _Q4_1, _Q8_0, _Q4_K, _Q6_K = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q8_0), int(Type.Q4_K), int(Type.Q6_K)
 
 # %% book/05_cpu_kernels.ipynb #kern-floatdots
-_REASSOC = {"reassoc", "contract"}   # let LLVM split the sum over vector lanes and fuse mul+add
+# let LLVM split the sum over vector lanes and fuse mul+add
+_REASSOC = {"reassoc", "contract"}
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_REASSOC)
 def vec_dot_f32(n, x, y):
-    """ggml_vec_dot_f32: sum of x[i]*y[i] over n float32 values, accumulated in float32 lanes."""
+    """ggml_vec_dot_f32: sum of x[i]*y[i] over n float32 values, accumulated in float32
+    lanes."""
     s = np.float32(0.0)
     for i in range(n):
         s += x[i] * y[i]
     return s
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")   # see the quantized dots below
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # as the q dots
 def vec_dot_f16(n, x, y):
-    """ggml_vec_dot_f16 on the uint16 bits of two fp16 rows: 32 at a time, widened by the
-    hardware (vload_f16) into two accumulators of 16 float32 lanes; the lanes summed, then the
-    last n % 32 products added in double (ggml's ggml_float sumf) and the sum rounded to float."""
+    """ggml_vec_dot_f16 on the uint16 bits of two fp16 rows: 32 at a time, widened by
+    the
+    hardware (vload_f16) into two accumulators of 16 float32 lanes; the lanes summed,
+    then the
+    last n % 32 products added in double (ggml's ggml_float sumf) and the sum rounded
+    to float."""
     s0, s1 = vzero(np.float32, 16), vzero(np.float32, 16)
     np32 = n - n % 32
     for i in range(0, np32, 32):
@@ -55,7 +64,8 @@ def vec_dot_f16(n, x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=_REASSOC)
 def vec_dot_bf16(n, x, y):
-    """ggml_vec_dot_bf16 on the uint16 bits of two bf16 rows; products and sum in float32."""
+    """ggml_vec_dot_bf16 on the uint16 bits of two bf16 rows; products and sum in
+    float32."""
     s = np.float32(0.0)
     for i in range(n):
         s += bf16_to_fp32(x[i]) * bf16_to_fp32(y[i])
@@ -80,19 +90,26 @@ def _u32(b, o):
     return vget(vas(vload(b, o, 4), np.uint32), 0)
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots
-# inline="always": numba pastes each kernel into the row loop of the mul_mat chunk (_vec_dot_rows).
-# A call per row would make a new array view of the weight row and pass it, with an atomic
-# increment and decrement of the weight buffer's reference count that every thread shares.
+# inline="always": numba pastes each kernel into the row loop of the mul_mat chunk
+# (_vec_dot_rows).
+# A call per row would make a new array view of the weight row and pass it, with an
+# atomic
+# increment and decrement of the weight buffer's reference count that every thread
+# shares.
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_0_q8_0(n, x, y):
-    """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per block the
-    32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32 lanes (as codes*y
-    minus 8*y), converted and multiply-added with dx*dy into 8 float32 lanes; the lanes are
+    """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per
+    block the
+    32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32 lanes (as
+    codes*y
+    minus 8*y), converted and multiply-added with dx*dy into 8 float32 lanes; the lanes
+    are
     summed once, at the end."""
     acc, eight = vzero(np.float32, 8), vu8(vzero(np.int8, 32) + 8)
     for ib in range(n // 32):
         xo, yo = ib * 18, ib * 34
-        q = vload(x, xo + 2, 16)                        # byte j: element j (low nibble), j+16 (high)
+        # byte j: element j (low nibble), j+16 (high)
+        q = vload(x, xo + 2, 16)
         qy = vi8(vload(y, yo + 2, 32))
         sumi = vdot4(vcat(q & 15, q >> 4), qy) - vdot4(eight, qy)
         acc += vfloat(sumi) * (_h(x, xo) * _h(y, yo))
@@ -101,61 +118,80 @@ def vec_dot_q4_0_q8_0(n, x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_1_q8_1(n, x, y):
-    """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s, where
-    y's s = dy*sum(q8) was stored by the q8_1 quantizer; the m*s of the blocks add up in a float."""
+    """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s,
+    where
+    y's s = dy*sum(q8) was stored by the q8_1 quantizer; the m*s of the blocks add up
+    in a float."""
     acc, summs = vzero(np.float32, 8), np.float32(0.0)
     for ib in range(n // 32):
         xo, yo = ib * 20, ib * 36
         summs += _h(x, xo + 2) * _h(y, yo + 2)
         q = vload(x, xo + 4, 16)
-        acc += vfloat(vdot4(vcat(q & 15, q >> 4), vi8(vload(y, yo + 4, 32)))) * (_h(x, xo) * _h(y, yo))
+        acc += vfloat(vdot4(vcat(q & 15, q >> 4), vi8(vload(y, yo + 4, 32)))) * (_h(x,
+                                                                                    xo) * _h(y, yo))
     return vsum(acc) + summs
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q8_0_q8_0(n, x, y):
-    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in fours, times dx*dy."""
+    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in fours, times
+    dx*dy."""
     acc = vzero(np.float32, 8)
     for ib in range(n // 32):
         o = ib * 34
-        acc += vfloat(vdot4(vi8(vload(x, o + 2, 32)), vi8(vload(y, o + 2, 32)))) * (_h(x, o) * _h(y, o))
+        acc += vfloat(vdot4(vi8(vload(x, o + 2, 32)), vi8(vload(y, o + 2,
+                                                                32)))) * (_h(x,
+                                                                             o) * _h(y,
+                                                                                     o))
     return vsum(acc)
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots-k4
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_K_q8_K(n, x, y):
-    """ggml_vec_dot_q4_K_q8_K: per super-block of 256, the 12 bytes of 6-bit scales and mins
-    unpacked as ggml's utmp; each sub-block's q4*q8 summed in pairs (vmaddubs), times its scale
-    and in pairs again (vdot) into 8 int32 lanes, times d*yd into 8 float32 lanes. The mins go
+    """ggml_vec_dot_q4_K_q8_K: per super-block of 256, the 12 bytes of 6-bit scales and
+    mins
+    unpacked as ggml's utmp; each sub-block's q4*q8 summed in pairs (vmaddubs), times
+    its scale
+    and in pairs again (vdot) into 8 int32 lanes, times d*yd into 8 float32 lanes. The
+    mins go
     through y's bsums, 4 lanes of m_{2k}*(bsums of sub-block 2k) + m_{2k+1}*(...), times
     -dmin*yd into 4 float32 lanes; the two are summed at the end."""
     acc, acc_m = vzero(np.float32, 8), vzero(np.float32, 4)
     for ib in range(n // 256):
         xo, yo = ib * 144, ib * 292
         u0, u1, u2 = _u32(x, xo + 4), _u32(x, xo + 8), _u32(x, xo + 12)
-        sc_lo = u0 & 0x3F3F3F3F                                       # scales of sub-blocks 0..3
+        # scales of sub-blocks 0..3
+        sc_lo = u0 & 0x3F3F3F3F
         sc_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4)    # 4..7
         m_lo = u1 & 0x3F3F3F3F                                        # mins 0..3
         m_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)
         mins = vi16(vas(vpack((np.uint32(m_lo), np.uint32(m_hi))), np.uint8))
         yd = _f(y, yo)
-        acc_m += vfloat(vdot(mins, vpairs(vload_i16(y, yo + 260, 16)))) * (-yd * _h(x, xo + 2))
+        acc_m += vfloat(vdot(mins, vpairs(vload_i16(y, yo + 260, 16)))) * (-yd * _h(x,
+                                                                                    xo + 2))
         sumi = vzero(np.int32, 8)
-        for j in range(4):               # 32 bytes of qs: sub-block 2j (low), 2j+1 (high nibbles)
+        # 32 bytes of qs: sub-block 2j (low), 2j+1 (high nibbles)
+        for j in range(4):
             s = (sc_lo if j < 2 else sc_hi) >> (16 * (j & 1))
             sc0, sc1 = s & 255, (s >> 8) & 255
             q, q8 = vload(x, xo + 16 + 32 * j, 32), yo + 4 + 64 * j
-            sumi += (vdot(vsplat2(sc0, sc0, 16), vmaddubs(q & 15, vi8(vload(y, q8, 32))))
-                     + vdot(vsplat2(sc1, sc1, 16), vmaddubs(q >> 4, vi8(vload(y, q8 + 32, 32)))))
+            sumi += (vdot(vsplat2(sc0, sc0, 16), vmaddubs(q & 15, vi8(vload(y, q8,
+                                                                            32))))
+                     + vdot(vsplat2(sc1, sc1, 16), vmaddubs(q >> 4, vi8(vload(y,
+                                                                              q8 + 32,
+                                                                              32)))))
         acc += vfloat(sumi) * (yd * _h(x, xo))
     return vsum(acc) + vsum(acc_m)
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots-k6
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q6_K_q8_K(n, x, y):
-    """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql twice and 32 of
-    qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs (vmaddubs),
-    by their sub-blocks' scales (two per vector, vpick2) and in pairs again (vdot) into 8 int32
+    """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql
+    twice and 32 of
+    qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs
+    (vmaddubs),
+    by their sub-blocks' scales (two per vector, vpick2) and in pairs again (vdot) into
+    8 int32
     lanes. The codes' offset of 32 comes off per lane through y's bsums: lane k loses
     32 * (bsums_2k * scale_2k + bsums_2k+1 * scale_2k+1)."""
     acc = vzero(np.float32, 8)
@@ -171,19 +207,25 @@ def vec_dot_q6_K_q8_K(n, x, y):
             q3 = (b2 >> 4) | ((c >> 2) & 48)           # 96..127
             s = vi16(vi8(vload(x, sc, 8)))             # the half's 8 scales, int16
             sumi += (vdot(vpick2(s, 0, 1, 16), vmaddubs(q0, vi8(vload(y, q8, 32))))
-                     + vdot(vpick2(s, 2, 3, 16), vmaddubs(q1, vi8(vload(y, q8 + 32, 32)))))
+                     + vdot(vpick2(s, 2, 3, 16), vmaddubs(q1, vi8(vload(y, q8 + 32,
+                                                                        32)))))
             sumi += (vdot(vpick2(s, 4, 5, 16), vmaddubs(q2, vi8(vload(y, q8 + 64, 32))))
-                     + vdot(vpick2(s, 6, 7, 16), vmaddubs(q3, vi8(vload(y, q8 + 96, 32)))))
-        offset = vdot(vload_i16(y, yo + 260, 16), vi16(vi8(vload(x, xo + 192, 16)))) << 5
+                     + vdot(vpick2(s, 6, 7, 16), vmaddubs(q3, vi8(vload(y, q8 + 96,
+                                                                        32)))))
+        offset = vdot(vload_i16(y, yo + 260, 16), vi16(vi8(vload(x, xo + 192,
+                                                                 16)))) << 5
         acc += vfloat(sumi - offset) * (_f(y, yo) * _h(x, xo + 208))
     return vsum(acc)
 
 # %% book/05_cpu_kernels.ipynb #kern-traits
 @dataclass(frozen=True)
 class TypeTraitsCPU:
-    """ggml's `struct ggml_type_traits_cpu`: the type src1 is converted to (vec_dot_type), the row
-    converter into it (from_float, the types chapter's numba row function) and the dot kernel
-    vec_dot(n, x_row, y_row) -> float32. nrows is 1: no two-row (ARM i8mm) kernels here."""
+    """ggml's `struct ggml_type_traits_cpu`: the type src1 is converted to
+    (vec_dot_type), the row
+    converter into it (from_float, the types chapter's numba row function) and the dot
+    kernel
+    vec_dot(n, x_row, y_row) -> float32. nrows is 1: no two-row (ARM i8mm) kernels
+    here."""
     vec_dot_type: Type
     vec_dot: Callable
     from_float: Callable
@@ -192,17 +234,20 @@ class TypeTraitsCPU:
 
 _VEC_DOT = {
     Type.F32: vec_dot_f32, Type.F16: vec_dot_f16, Type.BF16: vec_dot_bf16,
-    Type.Q4_0: vec_dot_q4_0_q8_0, Type.Q4_1: vec_dot_q4_1_q8_1, Type.Q8_0: vec_dot_q8_0_q8_0,
+    Type.Q4_0: vec_dot_q4_0_q8_0, Type.Q4_1: vec_dot_q4_1_q8_1,
+            Type.Q8_0: vec_dot_q8_0_q8_0,
     Type.Q4_K: vec_dot_q4_K_q8_K, Type.Q6_K: vec_dot_q6_K_q8_K,
 }
-MUL_MAT_TYPES = frozenset(_VEC_DOT)       # the weight types mul_mat has a dot product for
+# the weight types mul_mat has a dot product for
+MUL_MAT_TYPES = frozenset(_VEC_DOT)
 
 
 def get_type_traits_cpu(t) -> TypeTraitsCPU:
     """ggml_get_type_traits_cpu for the weight types this CPU backend multiplies."""
     t = Type(t)
     if t not in _VEC_DOT:
-        raise GGMLError(f"mul_mat: no CPU dot product for weights of type {type_name(t)} "
+        raise GGMLError(f"mul_mat: no CPU dot product for weights of type "
+                        f"{type_name(t)} "
                         f"(supported: {', '.join(type_name(k) for k in _VEC_DOT)})")
     vdt = get_type_traits(t).vec_dot_type
     return TypeTraitsCPU(vdt, _VEC_DOT[t], get_type_traits(vdt).from_float_row)
@@ -210,9 +255,12 @@ def get_type_traits_cpu(t) -> TypeTraitsCPU:
 # %% book/05_cpu_kernels.ipynb #kern-atomic
 @intrinsic
 def _atomic_add(typingctx, counter, idx, val):
-    """counter[idx] += val as one atomic read-modify-write (relaxed, as ggml's chunk counter);
-    returns the old value. numba has no atomics of its own, so this emits LLVM's atomicrmw."""
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and counter.ndim == 1):
+    """counter[idx] += val as one atomic read-modify-write (relaxed, as ggml's chunk
+    counter);
+    returns the old value. numba has no atomics of its own, so this emits LLVM's
+    atomicrmw."""
+    if not (isinstance(counter,
+                       types.Array) and counter.dtype == types.int64 and counter.ndim == 1):
         return None
     sig = types.int64(counter, idx, val)
 
@@ -221,25 +269,31 @@ def _atomic_add(typingctx, counter, idx, val):
         arr, i, v = args
         ary = context.make_array(arr_t)(context, builder, arr)
         ptr = cgutils.get_item_pointer(context, builder, arr_t, ary, [i])
-        return builder.atomic_rmw("add", ptr, context.cast(builder, v, signature.args[2], types.int64), "monotonic")
+        return builder.atomic_rmw("add", ptr, context.cast(builder, v,
+                                                           signature.args[2],
+                                                           types.int64), "monotonic")
     return sig, codegen
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def atomic_fetch_add(counter, idx, val):
-    """C's atomic_fetch_add_explicit(&counter[idx], val, memory_order_relaxed) on an int64 array:
-    correct when several threads running nogil kernels add to the same element at once."""
+    """C's atomic_fetch_add_explicit(&counter[idx], val, memory_order_relaxed) on an
+    int64 array:
+    correct when several threads running nogil kernels add to the same element at
+    once."""
     return _atomic_add(counter, idx, val)
 
 # %% book/05_cpu_kernels.ipynb #kern-src1
-_FLOAT_DTYPE = {Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16), Type.BF16: np.dtype(np.uint16)}
+_FLOAT_DTYPE = {Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16),
+                Type.BF16: np.dtype(np.uint16)}
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_src1(vdt, b, w, rs, bs, ts, ith, nth):
     ne13, ne12, ne11, ne10 = b.shape
     nblk = ne10 // bs
-    k0, k1 = ith * nblk // nth, (ith + 1) * nblk // nth      # this thread's blocks of every row
+    # this thread's blocks of every row
+    k0, k1 = ith * nblk // nth, (ith + 1) * nblk // nth
     for i13 in range(ne13):
         for i12 in range(ne12):
             for i11 in range(ne11):
@@ -259,31 +313,38 @@ def _needs_conversion(src0_type, src1):
 
 
 def mul_mat_wsize(src0_type, src1):
-    """Bytes of work buffer mul_mat needs: row_size(vec_dot_type, nelements(src1)) when src1 must
+    """Bytes of work buffer mul_mat needs: row_size(vec_dot_type, nelements(src1)) when
+    src1 must
     be converted, 0 when it is read in place (ggml_graph_plan's formula)."""
     vdt = get_type_traits_cpu(src0_type).vec_dot_type
     return row_size(vdt, src1.size) if _needs_conversion(src0_type, src1) else 0
 
 
 def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
-    """Phase 1 of ggml_compute_forward_mul_mat: an F32 src1 (ne13, ne12, ne11, ne10) is converted
+    """Phase 1 of ggml_compute_forward_mul_mat: an F32 src1 (ne13, ne12, ne11, ne10) is
+    converted
     to src0's vec_dot_type, densely, into the uint8 work buffer wdata (row i at
-    i*row_size(vec_dot_type, ne10)); thread ith converts blocks [ith*nblk/nth, (ith+1)*nblk/nth)
+    i*row_size(vec_dot_type, ne10)); thread ith converts blocks [ith*nblk/nth,
+    (ith+1)*nblk/nth)
     of every row. Does nothing when src1 already has the vec_dot_type."""
     if not _needs_conversion(src0_type, src1):
         return
     vdt = get_type_traits_cpu(src0_type).vec_dot_type
     need = row_size(vdt, src1.size)
     if wdata is None or wdata.dtype != np.uint8 or wdata.ndim != 1 or wdata.size < need:
-        raise GGMLError(f"mul_mat: converting src1 to {type_name(vdt)} needs a uint8 work buffer of "
+        raise GGMLError(f"mul_mat: converting src1 to {type_name(vdt)} needs a uint8 "
+                        f"work buffer of "
                         f"{need} bytes, got {None if wdata is None else f'{wdata.dtype} x {wdata.shape}'}")
-    _mm_src1(int(vdt), src1, wdata, row_size(vdt, src1.shape[3]), blck_size(vdt), type_size(vdt), ith, nth)
+    _mm_src1(int(vdt), src1, wdata, row_size(vdt, src1.shape[3]), blck_size(vdt),
+             type_size(vdt), ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk
 @njit(cache=True, nogil=True, error_model="numpy")
 def _vec_dot_rows(t, n, x, r0, r1, y, out):
-    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is looked up once
-    per call, and each branch is a loop around one kernel, pasted in (a type test and a call per
+    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is
+    looked up once
+    per call, and each branch is a loop around one kernel, pasted in (a type test and a
+    call per
     row cost about 10 %)."""
     if t == _Q4_0:
         for r in range(r0, r1):
@@ -320,8 +381,10 @@ def _vec_dot_flt_impl(t, n, x, y):
 # %% book/05_cpu_kernels.ipynb #kern-chunk-one
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
-    """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1 converted
-    into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13 by division."""
+    """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1
+    converted
+    into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13 by
+    division."""
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
         for iir0 in range(ir0s, ir0e, 16):
@@ -334,7 +397,8 @@ def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_chunk_f(t, n, a, b, d, ir0s, ir0e, ir1s, ir1e):
-    """The same for float src0 (F32, or F16/BF16 bits) and src1 rows of the same storage."""
+    """The same for float src0 (F32, or F16/BF16 bits) and src1 rows of the same
+    storage."""
     ne13, ne12, ne11 = b.shape[0], b.shape[1], b.shape[2]
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
@@ -348,13 +412,16 @@ def _mm_chunk_f(t, n, a, b, d, ir0s, ir0e, ir1s, ir1e):
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk-loop
 @njit(cache=True, nogil=True, error_model="numpy")
-def _mm_chunks_q(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1, counter, owner, ith, nth):
-    """ggml's chunk loop: chunk ith first, then whatever the shared counter hands out."""
+def _mm_chunks_q(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1,
+                 counter, owner, ith, nth):
+    """ggml's chunk loop: chunk ith first, then whatever the shared counter hands
+    out."""
     nr0, nr1, nchunk = d.shape[3], ne11 * ne12 * ne13, nchunk0 * nchunk1
     c = ith
     while c < nchunk:
         ir0, ir1 = dr0 * (c % nchunk0), dr1 * (c // nchunk0)
-        _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0, min(ir0 + dr0, nr0), ir1, min(ir1 + dr1, nr1))
+        _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0, min(ir0 + dr0, nr0), ir1,
+                    min(ir1 + dr1, nr1))
         if owner.size:
             owner[c] = ith
         if nth >= nchunk:
@@ -377,8 +444,10 @@ def _mm_chunks_f(t, n, a, b, d, nchunk0, nchunk1, dr0, dr1, counter, owner, ith,
 
 # %% book/05_cpu_kernels.ipynb #kern-mulmat-py
 def mul_mat_chunks(nr0, nr1, nth):
-    """ggml's chunking of mul_mat's output, nr0 = ne01 rows by nr1 = ne11*ne12*ne13 columns:
-    chunks of 16 (64 when either side is 1); if that gives fewer than 4 chunks per thread, one
+    """ggml's chunking of mul_mat's output, nr0 = ne01 rows by nr1 = ne11*ne12*ne13
+    columns:
+    chunks of 16 (64 when either side is 1); if that gives fewer than 4 chunks per
+    thread, one
     chunk per thread along the longer side. Returns (nchunk0, nchunk1, dr0, dr1)."""
     chunk_size = 64 if nr0 == 1 or nr1 == 1 else 16
     nchunk0, nchunk1 = -(-nr0 // chunk_size), -(-nr1 // chunk_size)
@@ -394,54 +463,70 @@ def mul_mat_chunk_rows(chunk, nr0, nr1, nchunk0, dr0, dr1):
 
 
 def mul_mat_check(src0_type, src0, src1, dst):
-    """ggml's asserts of ggml_compute_forward_mul_mat, as GGMLError: dst = [ne01, ne11, ne12, ne13],
-    ne00 == ne10, ne12 % ne02 == 0 and ne13 % ne03 == 0; src0 and src1 rows contiguous; src1 F32
+    """ggml's asserts of ggml_compute_forward_mul_mat, as GGMLError: dst = [ne01, ne11,
+    ne12, ne13],
+    ne00 == ne10, ne12 % ne02 == 0 and ne13 % ne03 == 0; src0 and src1 rows contiguous;
+    src1 F32
     or the vec_dot_type; dst F32, neither transposed nor permuted."""
     t = Type(src0_type)
     vdt = get_type_traits_cpu(t).vec_dot_type
     for name, x in (("src0", src0), ("src1", src1), ("dst", dst)):
         if x.ndim != 4:
-            raise GGMLError(f"mul_mat: {name} must be 4-D (ne3, ne2, ne1, ne0), got shape {x.shape}")
+            raise GGMLError(f"mul_mat: {name} must be 4-D (ne3, ne2, ne1, ne0), got "
+                            f"shape {x.shape}")
     if src0.dtype != _FLOAT_DTYPE.get(t, np.dtype(np.uint8)):
         raise GGMLError(f"mul_mat: {type_name(t)} src0 must be {_FLOAT_DTYPE.get(t, 'uint8 bytes')}, got {src0.dtype}")
     if src1.dtype != np.float32 and _needs_conversion(t, src1):
-        raise GGMLError(f"mul_mat: src1 must be F32 or {type_name(vdt)}, got {src1.dtype}")
+        raise GGMLError(f"mul_mat: src1 must be F32 or {type_name(vdt)}, got "
+                        f"{src1.dtype}")
     ne03, ne02, ne01 = src0.shape[:3]
     ne00 = src0.shape[3] if t in _FLOAT_DTYPE else src0.shape[3] // type_size(t) * blck_size(t)
     ne13, ne12, ne11, ne10 = src1.shape
-    if ne00 != ne10 or ne12 % ne02 or ne13 % ne03 or dst.shape != (ne13, ne12, ne11, ne01):
-        raise GGMLError(f"mul_mat: src0 [{ne00}, {ne01}, {ne02}, {ne03}] and src1 [{ne10}, {ne11}, {ne12}, {ne13}] "
-                        f"do not give dst {list(dst.shape[::-1])} (ne00 == ne10, ne12 % ne02 == 0, "
+    if ne00 != ne10 or ne12 % ne02 or ne13 % ne03 or dst.shape != (ne13, ne12, ne11,
+                                                                   ne01):
+        raise GGMLError(f"mul_mat: src0 [{ne00}, {ne01}, {ne02}, {ne03}] and src1 "
+                        f"[{ne10}, {ne11}, {ne12}, {ne13}] "
+                        f"do not give dst {list(dst.shape[::-1])} (ne00 == ne10, ne12 "
+                        f"% ne02 == 0, "
                         f"ne13 % ne03 == 0, dst = [ne01, ne11, ne12, ne13])")
     if src0.strides[3] != src0.itemsize or src1.strides[3] != src1.itemsize:
-        raise GGMLError(f"mul_mat: src0 and src1 rows must be contiguous (nb00 = {src0.strides[3]}, "
+        raise GGMLError(f"mul_mat: src0 and src1 rows must be contiguous (nb00 = "
+                        f"{src0.strides[3]}, "
                         f"nb10 = {src1.strides[3]})")
     nb = dst.strides[::-1]
     if dst.dtype != np.float32 or not (nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3]):
-        raise GGMLError(f"mul_mat: dst must be F32, neither transposed nor permuted; got {dst.dtype}, nb = {nb}")
+        raise GGMLError(f"mul_mat: dst must be F32, neither transposed nor permuted; "
+                        f"got {dst.dtype}, nb = {nb}")
 
 # %% book/05_cpu_kernels.ipynb #kern-mulmat-chunk-py
 def _mm_operands(src0_type, src0, src1, wdata):
-    """(t, n, a, b, quantized) as the kernels take them: a = src0 as numba reads it, b = src1 in
-    place or its converted rows in wdata (uint16 rows for F16/BF16, flat bytes when quantized)."""
+    """(t, n, a, b, quantized) as the kernels take them: a = src0 as numba reads it, b
+    = src1 in
+    place or its converted rows in wdata (uint16 rows for F16/BF16, flat bytes when
+    quantized)."""
     t = Type(src0_type)
     a, b = (src0.view(np.uint16) if src0.dtype == np.float16 else src0), src1
     if src1.dtype == np.float16:
         b = src1.view(np.uint16)
     elif _needs_conversion(t, src1):
         vdt = get_type_traits(t).vec_dot_type
-        b = wdata if t not in _FLOAT_DTYPE else wdata[:row_size(vdt, src1.size)].view(np.uint16).reshape(src1.shape)
+        b = wdata if t not in _FLOAT_DTYPE else wdata[:row_size(vdt,
+                                                                src1.size)].view(np.uint16).reshape(src1.shape)
     return int(t), src1.shape[3], a, b, t not in _FLOAT_DTYPE
 
 
-def forward_mul_mat_chunk(src0_type, src0, src1, dst, wdata, ir0_start, ir0_end, ir1_start, ir1_end):
-    """Phase 2, one chunk: dst rows [ir0_start, ir0_end) (src0 rows) x [ir1_start, ir1_end) (src1
-    rows counted over ne11*ne12*ne13). src1 is read from wdata if phase 1 converted it."""
+def forward_mul_mat_chunk(src0_type, src0, src1, dst, wdata, ir0_start, ir0_end,
+                          ir1_start, ir1_end):
+    """Phase 2, one chunk: dst rows [ir0_start, ir0_end) (src0 rows) x [ir1_start,
+    ir1_end) (src1
+    rows counted over ne11*ne12*ne13). src1 is read from wdata if phase 1 converted
+    it."""
     t, n, a, b, quantized = _mm_operands(src0_type, src0, src1, wdata)
     if quantized:
         ne13, ne12, ne11 = src1.shape[:3]
         rs = row_size(get_type_traits(t).vec_dot_type, n)
-        _mm_chunk_q(t, n, a, b, rs, ne11, ne12, ne13, dst, ir0_start, ir0_end, ir1_start, ir1_end)
+        _mm_chunk_q(t, n, a, b, rs, ne11, ne12, ne13, dst, ir0_start, ir0_end,
+                    ir1_start, ir1_end)
     else:
         _mm_chunk_f(t, n, a, b, dst, ir0_start, ir0_end, ir1_start, ir1_end)
 
@@ -449,9 +534,11 @@ def forward_mul_mat_chunk(src0_type, src0, src1, dst, wdata, ir0_start, ir0_end,
 _NO_OWNER = np.zeros(0, np.int32)
 
 
-def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth, owner=None):
+def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
+                           owner=None):
     """Phase 2 as ggml runs it on thread ith of nth: chunk ith, then chunks claimed from
-    counter[0] (an int64 array, set to nth by thread 0 before the barrier) until none is left.
+    counter[0] (an int64 array, set to nth by thread 0 before the barrier) until none
+    is left.
     owner, if given (int32, one per chunk), records which thread computed each chunk."""
     t, n, a, b, quantized = _mm_operands(src0_type, src0, src1, wdata)
     nr0, nr1 = dst.shape[3], dst.shape[0] * dst.shape[1] * dst.shape[2]
@@ -460,16 +547,20 @@ def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
     if quantized:
         ne13, ne12, ne11 = src1.shape[:3]
         rs = row_size(get_type_traits(t).vec_dot_type, n)
-        _mm_chunks_q(t, n, a, b, rs, ne11, ne12, ne13, dst, *chunks, counter, owner, ith, nth)
+        _mm_chunks_q(t, n, a, b, rs, ne11, ne12, ne13, dst, *chunks, counter, owner,
+                     ith, nth)
     else:
         _mm_chunks_f(t, n, a, b, dst, *chunks, counter, owner, ith, nth)
 
 
 def forward_mul_mat(src0_type, src0, src1, dst, wdata=None, nth=1, owner=None):
-    """All of ggml_compute_forward_mul_mat with its nth threads played one after another:
-    each converts its share of src1; the counter starts at nth; then each runs its chunk loop
+    """All of ggml_compute_forward_mul_mat with its nth threads played one after
+    another:
+    each converts its share of src1; the counter starts at nth; then each runs its
+    chunk loop
     (so thread 0, going first, also takes every chunk the others would have claimed).
-    For tests and demonstrations: the compute chapter runs the same phases on real threads."""
+    For tests and demonstrations: the compute chapter runs the same phases on real
+    threads."""
     mul_mat_check(src0_type, src0, src1, dst)
     if wdata is None:
         wdata = np.empty(mul_mat_wsize(src0_type, src1), np.uint8)
@@ -477,10 +568,12 @@ def forward_mul_mat(src0_type, src0, src1, dst, wdata=None, nth=1, owner=None):
         forward_mul_mat_src1(src0_type, src1, wdata, ith, nth)
     counter = np.array([nth], np.int64)
     for ith in range(nth):
-        forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth, owner)
+        forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
+                               owner)
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names-vec
-# mul_mat's compiled phases under public names, for the compute chapter's compiled node loop.
+# mul_mat's compiled phases under public names, for the compute chapter's compiled node
+# loop.
 mul_mat_src1_kernel = _mm_src1
 mul_mat_chunks_q_kernel = _mm_chunks_q
 mul_mat_chunks_f_kernel = _mm_chunks_f
