@@ -281,9 +281,9 @@ def _cuda_graph_compute(ctx, cgraph):
 
 # %% book/11_cuda.ipynb #cuda-backend-stream
 class _CUDABackend(Backend):
-    """ggml_backend_cuda_context: one non-blocking stream on one GPU, and scratch memory
-    from cupy's stream-ordered pool (ggml's pool) that lives as long as the node that
-    asked for it."""
+    """ggml_backend_cuda_context: one non-blocking stream on one GPU, and scratch
+    memory from cupy's stream-ordered pool (ggml's pool) that lives as long as the node
+    that asked for it."""
 
     def __init__(self, device):
         super().__init__(_CUDA_GUID, device)
