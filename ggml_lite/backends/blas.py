@@ -17,82 +17,95 @@ from ggml_lite.types import Type, dequantize_rows, get_type_traits, row_size, ty
 
 _BLAS_GUID = bytes([0x12, 0xa8, 0xae, 0xf4, 0xc0, 0x1e, 0x61, 0x97,
                     0x8f, 0xeb, 0x33, 0x04, 0xa1, 0x33, 0x51, 0x2d])
-_MIN_BATCH = 32                     # ggml-blas.cpp: "BLAS usually is only faster for large matrices"
+_MIN_BATCH = 32  # ggml-blas.cpp: "BLAS usually is only faster for large matrices"
 
 # %% book/07c_backend_devices.ipynb #blas-mul-mat
 def _weights_f32(src0, cache):
-    """src0 as float32 (ne03, ne02, ne01, ne00): itself if F32, else converted once per compute."""
+    """src0 as float32 (ne03, ne02, ne01, ne00): itself if F32, else converted once per
+    compute."""
     if src0.type == Type.F32:
         return src0.numpy()
     key = (src0.data, int(src0.type), tuple(src0.ne))
     if key not in cache:
         ne00, ne01, ne02, ne03 = src0.ne
-        rows = src0.numpy().view(np.uint8).reshape(ne03 * ne02 * ne01, row_size(src0.type, ne00))
-        cache[key] = dequantize_rows(src0.type, rows, ne00).reshape(ne03, ne02, ne01, ne00)
+        rows = src0.numpy().view(np.uint8).reshape(ne03 * ne02 * ne01,
+                                                   row_size(src0.type, ne00))
+        cache[key] = dequantize_rows(src0.type, rows, ne00).reshape(ne03, ne02, ne01,
+                                                                    ne00)
     return cache[key]
 
 
 def _mul_mat(dst, cache):
-    """dst = src1 · src0ᵀ per matrix, src0's matrices repeated r2 x r3 times (ggml_mul_mat)."""
+    """dst = src1 · src0ᵀ per matrix, src0's matrices repeated r2 x r3 times
+    (ggml_mul_mat)."""
     src0, src1 = dst.src[0], dst.src[1]
     x = _weights_f32(src0, cache)                       # (ne03, ne02, ne01, ne00)
-    y = src1.numpy()                                    # (ne13, ne12, ne11, ne10), float32
+    y = src1.numpy()  # (ne13, ne12, ne11, ne10), float32
     ne03, ne02, ne01, ne00 = x.shape
     ne13, ne12, ne11, _ = y.shape
     r2, r3 = ne12 // ne02, ne13 // ne03
-    y6 = y.reshape(ne03, r3, ne02, r2, ne11, ne00)      # i13 = i03*r3 + j, i12 = i02*r2 + k
+    y6 = y.reshape(ne03, r3, ne02, r2, ne11, ne00)  # i13 = i03*r3 + j, i12 = i02*r2 + k
     x6 = x.reshape(ne03, 1, ne02, 1, ne01, ne00)
-    out = np.matmul(y6, x6.swapaxes(-1, -2))            # (ne03, r3, ne02, r2, ne11, ne01)
+    out = np.matmul(y6, x6.swapaxes(-1, -2))  # (ne03, r3, ne02, r2, ne11, ne01)
     dst.numpy()[...] = out.reshape(ne13, ne12, ne11, ne01)
 
 
 def _out_prod(dst):
-    """dst[m, n] = Σ_k src1[k, m]·src0[k, n] (ggml_out_prod of two matrices; src1 may be a transpose)."""
-    a, b = dst.src[0].numpy()[0, 0], dst.src[1].numpy()[0, 0]    # (k, n), (k, m): views, strides kept
+    """dst[m, n] = Σ_k src1[k, m]·src0[k, n] (ggml_out_prod of two matrices; src1 may be
+    a transpose)."""
+    # (k, n), (k, m): views, strides kept
+    a, b = dst.src[0].numpy()[0, 0], dst.src[1].numpy()[0, 0]
     dst.numpy()[0, 0][...] = b.T @ a
 
 # %% book/07c_backend_devices.ipynb #blas-supports-op
 def _has_to_float(t):
-    """ggml's `ggml_get_type_traits(t)->to_float != NULL`. ggml gives Q8_1 and Q8_K none (they
-    exist only as vec_dot types, ggml.c); the types chapter has dequantizers for them, so they
-    are named here."""
+    """ggml's `ggml_get_type_traits(t)->to_float != NULL`. ggml gives Q8_1 and Q8_K none
+    (they exist only as vec_dot types, ggml.c); the types chapter has dequantizers for
+    them, so they are named here."""
     return get_type_traits(t).to_float is not None and t not in (Type.Q8_1, Type.Q8_K)
 
 
 def _blas_supports_op(op):
-    """ggml_backend_blas_device_supports_op (ggml-blas.cpp, 0.15.3), condition for condition."""
+    """ggml_backend_blas_device_supports_op (ggml-blas.cpp, 0.15.3), condition for
+    condition."""
     src0, src1 = op.src[0], op.src[1]
     if op.op in VIEW_OPS:
         return True
     if op.op == Op.MUL_MAT:
         return (is_contiguous(src0) and is_contiguous(src1) and src1.type == Type.F32
-                and op.ne[0] >= _MIN_BATCH and op.ne[1] >= _MIN_BATCH and src1.ne[0] >= _MIN_BATCH
+                and op.ne[0] >= _MIN_BATCH and op.ne[1] >= _MIN_BATCH
+                and src1.ne[0] >= _MIN_BATCH
                 and (src0.type == Type.F32 or _has_to_float(src0.type)))
     if op.op == Op.OUT_PROD:
-        return (src0.type == Type.F32 and src1.type == Type.F32 and is_matrix(src0) and is_matrix(src1)
-                and is_contiguous(src0) and (is_contiguous(src1) or is_transposed(src1)))
+        return (src0.type == Type.F32 and src1.type == Type.F32 and is_matrix(src0)
+                and is_matrix(src1)
+                and is_contiguous(src0)
+                and (is_contiguous(src1) or is_transposed(src1)))
     return False
 
 # %% book/07c_backend_devices.ipynb #blas-backend
 class _BLASBackend(Backend):
-    """The BLAS stream: computes MUL_MAT and OUT_PROD nodes with numpy's BLAS, synchronously."""
+    """The BLAS stream: computes MUL_MAT and OUT_PROD nodes with numpy's BLAS,
+    synchronously."""
 
     def __init__(self, device):
         super().__init__(_BLAS_GUID, device)
-        self.n_threads = 4          # GGML_DEFAULT_N_THREADS; numpy's BLAS keeps its own count
+        self.n_threads = 4  # GGML_DEFAULT_N_THREADS; numpy's BLAS keeps its own count
 
     def get_name(self):
         return "BLAS"
 
     def graph_compute(self, cgraph):
         graph_check_alive(cgraph, "BLAS graph_compute")
-        nodes = [n for n in cgraph.nodes if n.flags & TensorFlag.COMPUTE and n.op not in VIEW_OPS]
+        nodes = [n for n in cgraph.nodes if n.flags & TensorFlag.COMPUTE
+                 and n.op not in VIEW_OPS]
         for node in nodes:                  # all checked before any is computed
             if not _blas_supports_op(node):
                 srcs = ", ".join(f"src{i} {type_name(s.type)} ne={s.ne} nb={s.nb}"
                                  for i, s in enumerate(node.src[:2]) if s is not None)
-                raise GGMLError(f"BLAS graph_compute: unsupported node '{node.name}' ({op_desc(node)}, "
-                                f"{type_name(node.type)} ne={node.ne}; {srcs}): backend_supports_op says no")
+                raise GGMLError(f"BLAS graph_compute: unsupported node '{node.name}' "
+                                f"({op_desc(node)}, {type_name(node.type)} "
+                                f"ne={node.ne}; {srcs}): backend_supports_op says no")
         cache = {}                          # converted weights, for this graph only
         for node in nodes:
             if node.op == Op.MUL_MAT:
@@ -130,15 +143,16 @@ def _blas_library():
         return "BLAS", False
     name = str(info.get("name", "")).lower()
     found = bool(info.get("found", False)) and name not in ("", "none")
-    for key, desc in (("openblas", "OpenBLAS"), ("mkl", "MKL"), ("accelerate", "Accelerate"),
-                      ("blis", "BLIS")):
+    for key, desc in (("openblas", "OpenBLAS"), ("mkl", "MKL"),
+                      ("accelerate", "Accelerate"), ("blis", "BLIS")):
         if key in name:
             return desc, found
     return "BLAS", found
 
 
 def _blas_reg():
-    return SingleDeviceReg("BLAS", _BLASDevice, {"ggml_backend_set_n_threads": backend_blas_set_n_threads})
+    return SingleDeviceReg("BLAS", _BLASDevice,
+                           {"ggml_backend_set_n_threads": backend_blas_set_n_threads})
 
 
 _BLAS_REG = None
@@ -165,7 +179,8 @@ def backend_is_blas(backend):
 def backend_blas_set_n_threads(backend_blas, n_threads):
     """ggml_backend_blas_set_n_threads: recorded; numpy's BLAS uses its own thread count
     (OPENBLAS_NUM_THREADS), which Python cannot change portably."""
-    require(backend_is_blas(backend_blas), "backend_blas_set_n_threads", f"{backend_blas!r} is not a BLAS backend")
+    require(backend_is_blas(backend_blas), "backend_blas_set_n_threads",
+            f"{backend_blas!r} is not a BLAS backend")
     backend_blas.n_threads = int(n_threads)
 
 # %% book/07c_backend_devices.ipynb #blas-dl

@@ -4,19 +4,21 @@
 __all__ = []
 
 # %% book/07c_backend_devices.ipynb #host-imports
-from ggml_lite.backend import (BackendDevCaps, BackendDevice, BackendDevProps, BackendReg, backend_buft_is_host,
+from ggml_lite.backend import (BackendDevCaps, BackendDevice, BackendDevProps,
+                               BackendReg, backend_buft_is_host,
                                backend_cpu_buffer_from_ptr, backend_cpu_buffer_type)
 from ggml_lite.core import check_index
 
 # %% book/07c_backend_devices.ipynb #host-device
 class HostDevice(BackendDevice):
-    """A device that computes in host memory: the CPU buffer type, any host buffer, caller memory
-    wrapped, no events, no async. A subclass gives get_name, get_description, get_memory,
-    get_type, init_backend and supports_op."""
+    """A device that computes in host memory: the CPU buffer type, any host buffer,
+    caller memory wrapped, no events, no async. A subclass gives get_name,
+    get_description, get_memory, get_type, init_backend and supports_op."""
 
     def get_props(self):
         free, total = self.get_memory()
-        return BackendDevProps(self.get_name(), self.get_description(), free, total, self.get_type(), None,
+        return BackendDevProps(self.get_name(), self.get_description(), free, total,
+                               self.get_type(), None,
                                BackendDevCaps(async_=False, host_buffer=False,
                                               buffer_from_host_ptr=True, events=False))
 
@@ -31,7 +33,8 @@ class HostDevice(BackendDevice):
 
 
 class SingleDeviceReg(BackendReg):
-    """A reg with one device: make_device(reg) makes it; procs maps ggml names to extension functions."""
+    """A reg with one device: make_device(reg) makes it; procs maps ggml names to
+    extension functions."""
 
     def __init__(self, name, make_device, procs=None):
         super().__init__()

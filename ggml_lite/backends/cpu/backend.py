@@ -8,7 +8,8 @@ import os
 
 import numpy as np
 
-from ggml_lite.backend import Backend, BackendDevType, backend_buft_is_host, guid_matches
+from ggml_lite.backend import (Backend, BackendDevType, backend_buft_is_host,
+                               guid_matches)
 from ggml_lite.backends.cpu.compute import DEFAULT_N_THREADS, graph_compute, graph_plan
 from ggml_lite.backends.cpu.table import cpu_supports_op, op_is_empty
 from ggml_lite.backends.cpu.repack import backend_cpu_repack_buffer_type
@@ -21,18 +22,21 @@ _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a,
 
 # %% book/07c_backend_devices.ipynb #cpu-backend-stream
 class _CPUBackend(Backend):
-    """The CPU stream (ggml_backend_cpu_context): threads, a growing work buffer, an abort callback."""
+    """The CPU stream (ggml_backend_cpu_context): threads, a growing work buffer, an
+    abort callback."""
 
     def __init__(self, device):
         super().__init__(_CPU_GUID, device)
         self.n_threads = DEFAULT_N_THREADS
-        self.threadpool = None              # None: the compute chapter's shared pool
-        self.work_data = None               # uint8, grown to the largest plan's work_size
+        self.threadpool = None          # None: the compute chapter's shared pool
+        self.work_data = None           # uint8, grown to the largest plan's work_size
         self.work_size = 0
-        self.abort_callback = None          # abort_callback(abort_callback_data) -> True = stop
+        self.abort_callback = None      # abort_callback(data) -> True = stop
         self.abort_callback_data = None
-        self.llamafile = False              # GGML_LLAMAFILE, off as in ggml's own build (backend_cpu_set_llamafile)
-        self.plan = None                    # (graph uid, n_threads, threadpool, llamafile, CPlan) of the last graph
+        # GGML_LLAMAFILE, off as in ggml's own build (backend_cpu_set_llamafile)
+        self.llamafile = False
+        # (graph uid, n_threads, threadpool, llamafile, CPlan) of the last graph
+        self.plan = None
 
     def get_name(self):
         return "CPU"
@@ -43,20 +47,22 @@ class _CPUBackend(Backend):
     def graph_compute(self, cgraph):
         key = (cgraph.uid, self.n_threads, self.threadpool, self.llamafile)
         if cgraph.uid != 0 and self.plan is not None and self.plan[:4] == key:
-            cplan = self.plan[4]            # the scheduler's graph again (its uid changes at each split)
+            # the scheduler's graph again (its uid changes at each split)
+            cplan = self.plan[4]
         else:
             cplan = graph_plan(cgraph, self.n_threads, self.threadpool)
             cplan.llamafile = self.llamafile
             if self.work_size < cplan.work_size:
                 self.work_data = np.empty(cplan.work_size, np.uint8)
                 self.work_size = cplan.work_size
-            cplan.work_data = self.work_data    # the same array every time: prepared calls are reused
+            # the same array every time: prepared calls are reused
+            cplan.work_data = self.work_data
             self.plan = (*key, cplan) if cgraph.uid != 0 else None
         cplan.abort_callback = self.abort_callback
         cplan.abort_callback_data = self.abort_callback_data
         return graph_compute(cgraph, cplan)
 
-# %% book/07c_backend_devices.ipynb #cpu-backend-device
+# %% book/07c_backend_devices.ipynb #4c8d2f6a19
 def _cpu_description():
     """The CPU model, as ggml reads it (Linux: /proc/cpuinfo "model name")."""
     try:
@@ -70,28 +76,30 @@ def _cpu_description():
 
 
 def _cpu_extra_bufts():
-    """ggml_backend_cpu_get_extra_buffer_types: the buffer types the CPU device adds to its own
-    (ggml 0.15.3 on x86: AMX where built for it, then CPU_REPACK; here CPU_REPACK)."""
+    """ggml_backend_cpu_get_extra_buffer_types: the buffer types the CPU device adds to
+    its own (ggml 0.15.3 on x86: AMX where built for it, then CPU_REPACK; here
+    CPU_REPACK)."""
     return [backend_cpu_repack_buffer_type()]
 
 
 def _cpu_supports_op(dev, op):
-    """A source in one of the CPU's extra buffer types lets that buffer type answer (ggml asks the
-    first four sources, before anything else); then the compute chapter's kernel table decides
-    (cpu_supports_op), an operand outside host memory refused first, since the kernels read
-    tensors through their host addresses."""
+    """A source in one of the CPU's extra buffer types lets that buffer type answer
+    (ggml asks the first four sources, before anything else); then the compute
+    chapter's kernel table decides (cpu_supports_op), an operand outside host memory
+    refused first, since the kernels read tensors through their host addresses."""
     if op_is_empty(op.op):
         return True
     for s in op.src[:4]:
         buf = None if s is None else tensor_buffer(s)
         if buf is not None and buf.buft in _cpu_extra_bufts():
             return buf.buft.cpu_extra.supports_op(dev, op)
-    if any(s is not None and s.buffer is not None and not backend_buft_is_host(s.buffer.buft)
+    if any(s is not None and s.buffer is not None
+           and not backend_buft_is_host(s.buffer.buft)
            for s in op.src):
         return False
     return cpu_supports_op(op)
 
-
+# %% book/07c_backend_devices.ipynb #cpu-backend-device
 class _CPUDevice(HostDevice):
     def __init__(self, reg):
         super().__init__(reg)
@@ -153,33 +161,37 @@ def backend_is_cpu(backend):
 
 
 def _check_cpu(backend, where):
-    require(backend_is_cpu(backend), where, f"{backend!r}", assertion="ggml_backend_is_cpu(backend_cpu)")
+    require(backend_is_cpu(backend), where, f"{backend!r}",
+            assertion="ggml_backend_is_cpu(backend_cpu)")
 
-
+# %% book/07c_backend_devices.ipynb #8b2e4f6a13
 def backend_cpu_set_n_threads(backend_cpu, n_threads):
-    """ggml_backend_cpu_set_n_threads: threads for the next computes (<= 0: the default, 4)."""
+    """ggml_backend_cpu_set_n_threads: threads for the next computes (<= 0: the default,
+    4)."""
     _check_cpu(backend_cpu, "backend_cpu_set_n_threads")
     backend_cpu.n_threads = int(n_threads)
 
 
 def backend_cpu_set_threadpool(backend_cpu, threadpool):
-    """ggml_backend_cpu_set_threadpool: compute on this threadpool (None: the shared default pool)."""
+    """ggml_backend_cpu_set_threadpool: compute on this threadpool (None: the shared
+    default pool)."""
     _check_cpu(backend_cpu, "backend_cpu_set_threadpool")
     backend_cpu.threadpool = threadpool
 
 
-def backend_cpu_set_abort_callback(backend_cpu, abort_callback, abort_callback_data=None):
-    """ggml_backend_cpu_set_abort_callback: abort_callback(data) is asked after every node; True
-    stops the compute, which then returns Status.ABORTED."""
+def backend_cpu_set_abort_callback(backend_cpu, abort_callback,
+                                   abort_callback_data=None):
+    """ggml_backend_cpu_set_abort_callback: abort_callback(data) is asked after every
+    node; True stops the compute, which then returns Status.ABORTED."""
     _check_cpu(backend_cpu, "backend_cpu_set_abort_callback")
     backend_cpu.abort_callback = abort_callback
     backend_cpu.abort_callback_data = abort_callback_data
 
 # %% book/07c_backend_devices.ipynb #cpu-backend-llamafile
 def backend_cpu_set_llamafile(backend_cpu, on):
-    """What ggml decides when it is built, GGML_LLAMAFILE (on in llama.cpp's build, off in ggml's
-    own), as a setting of this backend: whether its mul_mat offers F32 and F16 products to
-    llamafile's sgemm first (chapter 05). Not in ggml's headers."""
+    """What ggml decides when it is built, GGML_LLAMAFILE (on in llama.cpp's build, off
+    in ggml's own), as a setting of this backend: whether its mul_mat offers F32 and
+    F16 products to llamafile's sgemm first (chapter 05). Not in ggml's headers."""
     _check_cpu(backend_cpu, "backend_cpu_set_llamafile")
     backend_cpu.llamafile = bool(on)
 

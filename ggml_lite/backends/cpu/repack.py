@@ -15,7 +15,8 @@ from ggml_lite.backend_buffer import HostBuffer, host_bytes
 from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
-from ggml_lite.backends.cpu.simd import AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload, vload_f16, vpairs, vzero
+from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload,
+                                         vload_f16, vpairs, vzero)
 from ggml_lite.backends.cpu.table import CpuKernel
 from ggml_lite.core import GGMLError, Status, require
 from ggml_lite.layout import nbytes
@@ -23,7 +24,8 @@ from ggml_lite.ops import Op
 from ggml_lite.tensor import n_dims, nelements
 from ggml_lite.types import Type, row_size
 
-QK, BLOCK_Q4_0X8 = 32, 144          # block_q4_0x8: 8 fp16 scales (16 bytes), then 128 bytes of nibbles
+# block_q4_0x8: 8 fp16 scales (16 bytes), then 128 bytes of nibbles
+QK, BLOCK_Q4_0X8 = 32, 144
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V8I32 = ir.VectorType(_I32, 8)
 
@@ -31,13 +33,15 @@ _V8I32 = ir.VectorType(_I32, 8)
 def _x86(builder, name, ret, args):
     """A call of the LLVM intrinsic `name` (declared in the module on first use)."""
     fnty = ir.FunctionType(ret, [a.type for a in args])
-    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name),
+                        args)
 
 
 def _item_pointer(context, builder, aryty, ary, i, ptrty):
     """A pointer to a[i] of a numba array, cast to ptrty."""
     a = context.make_array(aryty)(context, builder, ary)
-    return builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, a, [i]), ptrty)
+    return builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, a, [i]),
+                           ptrty)
 
 
 @intrinsic
@@ -47,7 +51,8 @@ def _vxor(typingctx, v, k):
         return None
     bits = v.dtype.bitwidth
     c = k.literal_value % (1 << bits)
-    c = c - (1 << bits) if c >= 1 << (bits - 1) else c        # the same bits as a signed constant
+    # the same bits as a signed constant
+    c = c - (1 << bits) if c >= 1 << (bits - 1) else c
 
     def codegen(context, builder, sig, args):
         return builder.xor(args[0], ir.Constant(args[0].type, [c] * v.count))
@@ -56,26 +61,31 @@ def _vxor(typingctx, v, k):
 
 @intrinsic
 def _vbcast8(typingctx, a, i):
-    """The 8 bytes a[i:i+8] of a uint8 array four times over, as Vec(int8 x 32): one 8-byte load
-    broadcast (vpbroadcastq), the activations that meet four weight rows' bytes in one register."""
+    """The 8 bytes a[i:i+8] of a uint8 array four times over, as Vec(int8 x 32): one
+    8-byte load broadcast (vpbroadcastq), the activations that meet four weight rows'
+    bytes in one register."""
     if not (isinstance(a, types.Array) and a.dtype == types.uint8):
         return None
 
     def codegen(context, builder, sig, args):
-        q = builder.load(_item_pointer(context, builder, sig.args[0], args[0], args[1], _I64.as_pointer()), align=1)
+        q = builder.load(_item_pointer(context, builder, sig.args[0], args[0], args[1],
+                                       _I64.as_pointer()), align=1)
         v4 = ir.VectorType(_I64, 4)
         one = builder.insert_element(ir.Constant(v4, ir.Undefined), q, _I32(0))
-        four = builder.shuffle_vector(one, ir.Constant(v4, ir.Undefined), ir.Constant(ir.VectorType(_I32, 4), [0] * 4))
+        four = builder.shuffle_vector(one, ir.Constant(v4, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, 4), [0] * 4))
         return builder.bitcast(four, ir.VectorType(_I8, 32))
     return Vec(types.int8, 32)(a, i), codegen
 
-
+# %% book/07c_backend_devices.ipynb #7d3e9b2a41
 @intrinsic
 def _vdot4_acc(typingctx, acc, a, b):
-    """acc + (the 32 unsigned bytes a times the int8 b, summed in fours): vpdpbusd with AVX512-VNNI,
-    pmaddubsw + pmaddwd + add with AVX2, plain IR elsewhere. Exact here: a < 16, no saturation."""
-    if not (isinstance(acc, Vec) and acc.dtype == types.int32 and acc.count == 8 and isinstance(a, Vec)
-            and a.count == 32 and a.dtype == types.uint8 and isinstance(b, Vec) and b.dtype == types.int8):
+    """acc + (the 32 unsigned bytes a times the int8 b, summed in fours): vpdpbusd with
+    AVX512-VNNI, pmaddubsw + pmaddwd + add with AVX2, plain IR elsewhere. Exact here:
+    a < 16, no saturation."""
+    if not (isinstance(acc, Vec) and acc.dtype == types.int32 and acc.count == 8
+            and isinstance(a, Vec) and a.count == 32 and a.dtype == types.uint8
+            and isinstance(b, Vec) and b.dtype == types.int8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -84,25 +94,30 @@ def _vdot4_acc(typingctx, acc, a, b):
             return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32,
                         [s, builder.bitcast(x, _V8I32), builder.bitcast(y, _V8I32)])
         if AVX2:
-            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(ir.IntType(16), 16), [x, y])
-            return builder.add(s, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [ir.Constant(p.type, [1] * 16), p]))
+            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw",
+                     ir.VectorType(ir.IntType(16), 16), [x, y])
+            return builder.add(s, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32,
+                                       [ir.Constant(p.type, [1] * 16), p]))
         wide = ir.VectorType(_I32, 32)
         pr = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
-        quads = [builder.shuffle_vector(pr, ir.Constant(wide, ir.Undefined), ir.Constant(_V8I32, list(range(k, 32, 4))))
+        quads = [builder.shuffle_vector(pr, ir.Constant(wide, ir.Undefined),
+                                        ir.Constant(_V8I32, list(range(k, 32, 4))))
                  for k in range(4)]
-        return builder.add(s, builder.add(builder.add(quads[0], quads[1]), builder.add(quads[2], quads[3])))
+        return builder.add(s, builder.add(builder.add(quads[0], quads[1]),
+                                          builder.add(quads[2], quads[3])))
     return acc(acc, a, b), codegen
 
 
 @intrinsic
 def _vstore(typingctx, out, i, v):
     """out[i:i+n] = the n float32 lanes of v (one unaligned store)."""
-    if not (isinstance(out, types.Array) and out.dtype == types.float32 and isinstance(v, Vec)
-            and v.dtype == types.float32):
+    if not (isinstance(out, types.Array) and out.dtype == types.float32
+            and isinstance(v, Vec) and v.dtype == types.float32):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1], args[2].type.as_pointer())
+        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1],
+                            args[2].type.as_pointer())
         builder.store(args[2], ptr, align=4)
         return context.get_dummy_value()
     return types.none(out, i, v), codegen
@@ -110,14 +125,18 @@ def _vstore(typingctx, out, i, v):
 # %% book/07c_backend_devices.ipynb #repack-row8
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _row8(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, y, yo, ysum):
-    """The 8 int32 dot products of one block of 8 interleaved weight rows (their codes 0..15 as
-    lo/hi nibble vectors) with the block_q8_0 at y[yo]: rows 0-3 from lo0/lo2/hi0/hi2, rows 4-7
-    from lo1/lo3/hi1/hi3; each 32-bit lane sums 4 products of one row, adjacent lanes added give
-    the 8 rows in order; minus 8 * sum(y), since a code is the signed value plus 8."""
-    y0, y1, y2, y3 = _vbcast8(y, yo + 2), _vbcast8(y, yo + 10), _vbcast8(y, yo + 18), _vbcast8(y, yo + 26)
+    """The 8 int32 dot products of one block of 8 interleaved weight rows (their codes
+    0..15 as lo/hi nibble vectors) with the block_q8_0 at y[yo]: rows 0-3 from
+    lo0/lo2/hi0/hi2, rows 4-7 from lo1/lo3/hi1/hi3; each 32-bit lane sums 4 products of
+    one row, adjacent lanes added give the 8 rows in order; minus 8 * sum(y), since a
+    code is the signed value plus 8."""
+    y0, y1, y2, y3 = (_vbcast8(y, yo + 2), _vbcast8(y, yo + 10), _vbcast8(y, yo + 18),
+                      _vbcast8(y, yo + 26))
     z = vzero(np.int32, 8)
-    a = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo0, y0), lo2, y1), hi0, y2), hi2, y3)
-    b = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo1, y0), lo3, y1), hi1, y2), hi3, y3)
+    a = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo0, y0), lo2, y1), hi0, y2),
+                   hi2, y3)
+    b = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo1, y0), lo3, y1), hi1, y2),
+                   hi3, y3)
     return vpairs(vcat(a, b)) - 8 * ysum
 
 
@@ -128,7 +147,8 @@ def _h(b, o):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _block_sums(y, rs, nb, j0, j1):
-    """The sum of the 32 int8 of every block of activation rows [j0, j1): int32 [j1 - j0, nb]."""
+    """The sum of the 32 int8 of every block of activation rows [j0, j1): int32 [j1 -
+    j0, nb]."""
     s = np.empty((j1 - j0, nb), np.int32)
     for j in range(j0, j1):
         for b in range(nb):
@@ -141,8 +161,8 @@ def _block_sums(y, rs, nb, j0, j1):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _unpack(x, o):
-    """The 128 nibble bytes of the block_q4_0x8 at x[o] back to codes 0..15 (xor 0x88), as four
-    32-byte vectors of low nibbles and four of high ones."""
+    """The 128 nibble bytes of the block_q4_0x8 at x[o] back to codes 0..15 (xor 0x88),
+    as four 32-byte vectors of low nibbles and four of high ones."""
     u0, u1 = _vxor(vload(x, o + 16, 32), 0x88), _vxor(vload(x, o + 48, 32), 0x88)
     u2, u3 = _vxor(vload(x, o + 80, 32), 0x88), _vxor(vload(x, o + 112, 32), 0x88)
     return u0 & 15, u1 & 15, u2 & 15, u3 & 15, u0 >> 4, u1 >> 4, u2 >> 4, u3 >> 4
@@ -150,44 +170,58 @@ def _unpack(x, o):
 # %% book/07c_backend_devices.ipynb #repack-gemm
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
-    """ggml_gemm_q4_0_8x8_q8_0 and ggml_gemv_q4_0_8x8_q8_0: out[j, 8g:8g+8] for the weight groups
-    g in [g0, g1) (block_q4_0x8 rows in x, their uint16 view xh) and the activation rows j in
-    [j0, j1) (block_q8_0 rows of rs bytes in y). Each output as ggml's AVX2 lanes make it: per
-    block, acc = fma(float(isum), d_w * d_y, acc). Eight activation rows share one unpacking of
-    a weight block, then four, then one (ggml: four, then one; the bits do not depend on it)."""
+    """ggml_gemm_q4_0_8x8_q8_0 and ggml_gemv_q4_0_8x8_q8_0: out[j, 8g:8g+8] for the
+    weight groups g in [g0, g1) (block_q4_0x8 rows in x, their uint16 view xh) and
+    the activation rows j in [j0, j1) (block_q8_0 rows of rs bytes in y); per block,
+    acc = fma(float(isum), d_w * d_y, acc), as ggml's AVX2 lanes do."""
     nb = n // QK
     gs = nb * BLOCK_Q4_0X8
     ys = _block_sums(y, rs, nb, j0, j1)
     for g in range(g0, g1):
         j = j0
         while j + 8 <= j1:
-            a0, a1, a2, a3 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
-            a4, a5, a6, a7 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
+            a0, a1, a2, a3 = (vzero(np.float32, 8), vzero(np.float32, 8),
+                              vzero(np.float32, 8), vzero(np.float32, 8))
+            a4, a5, a6, a7 = (vzero(np.float32, 8), vzero(np.float32, 8),
+                              vzero(np.float32, 8), vzero(np.float32, 8))
             for b in range(nb):
                 o = g * gs + b * BLOCK_Q4_0X8
                 l0, l1, l2, l3, h0, h1, h2, h3 = _unpack(x, o)
                 dw, yo, k = vload_f16(xh, o // 2, 8), j * rs + b * 34, j - j0
-                a0 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo, ys[k, b])) * (dw * _h(y, yo))
-                a1 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + rs, ys[k + 1, b])) * (dw * _h(y, yo + rs))
-                a2 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 2 * rs, ys[k + 2, b])) * (dw * _h(y, yo + 2 * rs))
-                a3 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 3 * rs, ys[k + 3, b])) * (dw * _h(y, yo + 3 * rs))
-                a4 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 4 * rs, ys[k + 4, b])) * (dw * _h(y, yo + 4 * rs))
-                a5 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 5 * rs, ys[k + 5, b])) * (dw * _h(y, yo + 5 * rs))
-                a6 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 6 * rs, ys[k + 6, b])) * (dw * _h(y, yo + 6 * rs))
-                a7 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 7 * rs, ys[k + 7, b])) * (dw * _h(y, yo + 7 * rs))
+                a0 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo,
+                                   ys[k, b])) * (dw * _h(y, yo))
+                a1 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + rs,
+                                   ys[k + 1, b])) * (dw * _h(y, yo + rs))
+                a2 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 2 * rs,
+                                   ys[k + 2, b])) * (dw * _h(y, yo + 2 * rs))
+                a3 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 3 * rs,
+                                   ys[k + 3, b])) * (dw * _h(y, yo + 3 * rs))
+                a4 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 4 * rs,
+                                   ys[k + 4, b])) * (dw * _h(y, yo + 4 * rs))
+                a5 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 5 * rs,
+                                   ys[k + 5, b])) * (dw * _h(y, yo + 5 * rs))
+                a6 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 6 * rs,
+                                   ys[k + 6, b])) * (dw * _h(y, yo + 6 * rs))
+                a7 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 7 * rs,
+                                   ys[k + 7, b])) * (dw * _h(y, yo + 7 * rs))
             for r, acc in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
                 _vstore(out[j + r], 8 * g, acc)
             j += 8
         while j + 4 <= j1:
-            a0, a1, a2, a3 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
+            a0, a1, a2, a3 = (vzero(np.float32, 8), vzero(np.float32, 8),
+                              vzero(np.float32, 8), vzero(np.float32, 8))
             for b in range(nb):
                 o = g * gs + b * BLOCK_Q4_0X8
                 l0, l1, l2, l3, h0, h1, h2, h3 = _unpack(x, o)
                 dw, yo, k = vload_f16(xh, o // 2, 8), j * rs + b * 34, j - j0
-                a0 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo, ys[k, b])) * (dw * _h(y, yo))
-                a1 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + rs, ys[k + 1, b])) * (dw * _h(y, yo + rs))
-                a2 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 2 * rs, ys[k + 2, b])) * (dw * _h(y, yo + 2 * rs))
-                a3 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 3 * rs, ys[k + 3, b])) * (dw * _h(y, yo + 3 * rs))
+                a0 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo,
+                                   ys[k, b])) * (dw * _h(y, yo))
+                a1 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + rs,
+                                   ys[k + 1, b])) * (dw * _h(y, yo + rs))
+                a2 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 2 * rs,
+                                   ys[k + 2, b])) * (dw * _h(y, yo + 2 * rs))
+                a3 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 3 * rs,
+                                   ys[k + 3, b])) * (dw * _h(y, yo + 3 * rs))
             for r, acc in enumerate((a0, a1, a2, a3)):
                 _vstore(out[j + r], 8 * g, acc)
             j += 4
@@ -197,16 +231,19 @@ def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
                 o = g * gs + b * BLOCK_Q4_0X8
                 l0, l1, l2, l3, h0, h1, h2, h3 = _unpack(x, o)
                 yo = j * rs + b * 34
-                acc += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo, ys[j - j0, b])) * (vload_f16(xh, o // 2, 8) * _h(y, yo))
+                acc += (vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo,
+                                     ys[j - j0, b]))
+                        * (vload_f16(xh, o // 2, 8) * _h(y, yo)))
             _vstore(out[j], 8 * g, acc)
             j += 1
 
-
+# %% book/07c_backend_devices.ipynb #5e0c7a91d2
 @njit(cache=True, nogil=True, error_model="numpy")
 def _repack_chunks(n, x, xh, w, rs, d, nchunk0, dr0, counter, ith, nth):
-    """The chunk loop of ggml's repack forward_mul_mat: chunk = (a range of dr0 weight rows, moved
-    out to multiples of 8) x (one plane i12 of src1, all its rows); chunk ith first, then the
-    shared counter's. d: dst [ne12, ne11, ne01]; w: src1 as block_q8_0 rows of rs bytes."""
+    """The chunk loop of ggml's repack forward_mul_mat: chunk = (a range of dr0 weight
+    rows, moved out to multiples of 8) x (one plane i12 of src1, all its rows); chunk
+    ith first, then the shared counter's. d: dst [ne12, ne11, ne01]; w: src1 as
+    block_q8_0 rows of rs bytes."""
     ne12, ne11, ne01 = d.shape
     c = ith
     while c < nchunk0 * ne12:
@@ -214,13 +251,15 @@ def _repack_chunks(n, x, xh, w, rs, d, nchunk0, dr0, counter, ith, nth):
         s0, e0 = dr0 * i0, min(dr0 * i0 + dr0, ne01)
         s0, e0 = -(-s0 // 8) * 8, min(-(-e0 // 8) * 8, ne01)
         if s0 < e0:
-            gemm_q4_0_8x8_q8_0(n, x, xh, w[i12 * ne11 * rs:(i12 + 1) * ne11 * rs], rs, d[i12], s0 // 8, e0 // 8, 0, ne11)
+            gemm_q4_0_8x8_q8_0(n, x, xh, w[i12 * ne11 * rs:(i12 + 1) * ne11 * rs], rs,
+                               d[i12], s0 // 8, e0 // 8, 0, ne11)
         c = V.atomic_fetch_add(counter, 0, 1)
 
 
 def repack_chunks(nr0, nth):
-    """(nchunk0, dr0) of ggml's repack forward_mul_mat: about 4 chunks per thread, none under 8
-    rows (NB_COLS); one per thread when single-threaded or when that still leaves >= 8 rows each."""
+    """(nchunk0, dr0) of ggml's repack forward_mul_mat: about 4 chunks per thread, none
+    under 8 rows (NB_COLS); one per thread when single-threaded or when that still
+    leaves >= 8 rows each."""
     chunk_size0 = -(-nr0 // (nth * 4))
     nchunk0 = -(-nr0 // chunk_size0)
     if nchunk0 > 0 and nr0 // nchunk0 < 8 and nr0 >= 8:
@@ -233,43 +272,51 @@ def repack_chunks(nr0, nth):
 
 # %% book/07c_backend_devices.ipynb #repack-layout
 def repack_q4_0_to_q4_0_8_bl(src, nrow, nblocks):
-    """repack_q4_0_to_q4_0_8_bl: nrow rows of nblocks block_q4_0 (uint8) -> block_q4_0x8. For each
-    group of 8 rows and each block column: the 8 rows' scales, then 16 chunks of 8 bytes, chunk i
-    = bytes (i // 8) * 8 .. + 8 of row i % 8, xor 0x88 (each nibble q becomes q ^ 8, the 4-bit two's
-    complement of q - 8: ggml's AVX2 kernels sign-extend it with one byte shuffle)."""
+    """repack_q4_0_to_q4_0_8_bl: nrow rows of nblocks block_q4_0 (uint8) ->
+    block_q4_0x8. For each group of 8 rows and each block column: the 8 rows' scales,
+    then 16 chunks of 8 bytes, chunk i = bytes (i // 8) * 8 .. + 8 of row i % 8, xor
+    0x88 (each nibble q becomes q ^ 8, the 4-bit two's complement of q - 8: ggml's
+    AVX2 kernels sign-extend it with one byte shuffle)."""
     b = src.reshape(nrow // 8, 8, nblocks, 18)
     d = b[..., :2].transpose(0, 2, 1, 3).reshape(nrow // 8, nblocks, 16)
-    qs = b[..., 2:].reshape(nrow // 8, 8, nblocks, 2, 8).transpose(0, 2, 3, 1, 4).reshape(nrow // 8, nblocks, 128)
+    qs = (b[..., 2:].reshape(nrow // 8, 8, nblocks, 2, 8).transpose(0, 2, 3, 1, 4)
+          .reshape(nrow // 8, nblocks, 128))
     return np.concatenate([d, qs ^ np.uint8(0x88)], axis=2).reshape(-1)
 
 
 def repack_optimal_type(t):
-    """ggml_repack_get_optimal_repack_type, for ggml_lite's kernels on x86: "q4_0_8x8_q8_0" for a
-    Q4_0 tensor of ne[1] % 8 == 0 on a CPU with AVX2, else None. (ggml 0.15.3 on AVX2 also takes
-    Q4_K and IQ4_NL 8x8, MXFP4, and on AVX512 Q2_K; Q8_0 only on ARM and RISC-V: ggml_lite
-    leaves those in the plain CPU buffer.)"""
+    """ggml_repack_get_optimal_repack_type, for ggml_lite's kernels on x86:
+    "q4_0_8x8_q8_0" for a Q4_0 tensor of ne[1] % 8 == 0 on a CPU with AVX2, else
+    None. (ggml 0.15.3 on AVX2 also takes Q4_K and IQ4_NL 8x8, MXFP4, and on AVX512
+    Q2_K; Q8_0 only on ARM and RISC-V: ggml_lite leaves those in the plain CPU
+    buffer.)"""
     if t.type == Type.Q4_0 and t.ne[1] % 8 == 0 and _HAS_AVX2:
         return "q4_0_8x8_q8_0"
     return None
 
 
-_HAS_AVX2 = AVX2        # ggml_cpu_has_avx2() of a native build: numba's target (the kernels above run without it too)
+# ggml_cpu_has_avx2() of a native build: numba's target (the kernels above run
+# without it too)
+_HAS_AVX2 = AVX2
 
-
+# %% book/07c_backend_devices.ipynb #2b6f0d8e35
 def _supports_repacked(node):
-    """Why the repacked kernel cannot compute node (ggml's asserts in forward_mul_mat), or None."""
+    """Why the repacked kernel cannot compute node (ggml's asserts in forward_mul_mat),
+    or None."""
     a, b = node.src[0], node.src[1]
     if node.op != Op.MUL_MAT or b.type != Type.F32 or n_dims(a) != 2:
-        return "a repacked weight is only read by MUL_MAT of a 2-D weight with F32 activations"
+        return ("a repacked weight is only read by MUL_MAT of a 2-D weight with F32 "
+                "activations")
     if b.ne[3] != 1 or b.nb[0] != 4 or node.type != Type.F32 or node.nb[0] != 4 or not \
             node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]:
-        return "src1 rows contiguous and ne13 == 1; dst F32, neither transposed nor permuted"
+        return ("src1 rows contiguous and ne13 == 1; dst F32, neither transposed nor "
+                "permuted")
     return None
 
 
 def _prepare_repacked(node, p):
-    """The two tasks of the repack forward_mul_mat: src1 to Q8_0 rows in the work buffer, then
-    the chunk loop over 8-row groups of the weight."""
+    """The two tasks of the repack forward_mul_mat: src1 to Q8_0 rows in the work
+    buffer, then the chunk loop over 8-row groups of the weight."""
     a, b, d, wdata = node.src[0], p.view(node.src[1]), p.view(node), p.wdata
     x = host_bytes(a, nbytes(a))
     n, rs = a.ne[0], row_size(Type.Q8_0, a.ne[0])
@@ -282,10 +329,11 @@ def _prepare_repacked(node, p):
 
     def chunks(ith, nth):
         nchunk0, dr0 = repack_chunks(a.ne[1], nth)
-        _repack_chunks(n, x, x.view(np.uint16), wdata, rs, d[0], nchunk0, dr0, counter, ith, nth)
+        _repack_chunks(n, x, x.view(np.uint16), wdata, rs, d[0], nchunk0, dr0, counter,
+                       ith, nth)
     return convert, chunks
 
-# %% book/07c_backend_devices.ipynb #repack-lower
+# %% book/07c_backend_devices.ipynb #6f1b3d8c27
 from functools import cache
 
 from numba import cfunc
@@ -295,27 +343,33 @@ from ggml_lite.backends.cpu.compute import mul_mat_src1_row
 
 
 def _repack_task(prog_addr, rows, k, state_addr, ith, nth):
-    """The second task of a repacked mul_mat in the compiled loop: _prepare_repacked's chunks.
-    Slots: dst, the repacked weight's bytes, src1, the work buffer (src1 as Q8_0 rows); ARG: this
-    function's address, n, the Q8_0 row size, nchunk0, dr0. The chunk counter is the loop's."""
+    """The second task of a repacked mul_mat in the compiled loop: _prepare_repacked's
+    chunks. Slots: dst, the repacked weight's bytes, src1, the work buffer (src1 as Q8_0
+    rows); ARG: this function's address, n, the Q8_0 row size, nchunk0, dr0. The chunk
+    counter is the loop's."""
     i8, a = np.int64, P.ARG
-    prog = P.make_view(prog_addr, (rows, i8(P.ROW_SIZE)), (i8(P.ROW_SIZE * 8), i8(8)), np.int64)
+    prog = P.make_view(prog_addr, (rows, i8(P.ROW_SIZE)), (i8(P.ROW_SIZE * 8), i8(8)),
+                       np.int64)
     state = P.make_view(state_addr, (i8(P.STATE_SIZE),), (i8(8),), np.int64)
     x = P.slot_view(prog, k, 1, np.uint8)[0, 0, 0]
-    _repack_chunks(prog[k, a + 1], x, x.view(np.uint16), P.slot_view(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
-                   P.slot_view(prog, k, 0, np.float32)[0], prog[k, a + 3], prog[k, a + 4],
-                   state[P.CURRENT_CHUNK:P.CURRENT_CHUNK + 1], ith, nth)
+    _repack_chunks(prog[k, a + 1], x, x.view(np.uint16),
+                   P.slot_view(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
+                   P.slot_view(prog, k, 0, np.float32)[0], prog[k, a + 3],
+                   prog[k, a + 4], state[P.CURRENT_CHUNK:P.CURRENT_CHUNK + 1], ith, nth)
     return 0
 
-
+# %% book/07c_backend_devices.ipynb #repack-lower
 @cache
 def _repack_task_address():
-    """The address of _repack_task compiled as a C function (numba cfunc), made on first use."""
-    return cfunc(types.int64(*[types.int64] * 6), cache=True, nogil=True, error_model="numpy")(_repack_task).address
+    """The address of _repack_task compiled as a C function (numba cfunc), made on
+    first use."""
+    return cfunc(types.int64(*[types.int64] * 6), cache=True, nogil=True,
+                 error_model="numpy")(_repack_task).address
 
 
 def _lower_repacked(node, p, nth):
-    """The repacked mul_mat's two rows of the compiled loop, or None (then called back)."""
+    """The repacked mul_mat's two rows of the compiled loop, or None (then called
+    back)."""
     a, b, d = node.src[0], p.view(node.src[1]), p.view(node)
     if p.wdata is None or b.dtype != np.float32 or not d.flags.c_contiguous:
         return None
@@ -323,51 +377,63 @@ def _lower_repacked(node, p, nth):
     nchunk0, dr0 = repack_chunks(a.ne[1], nth)
     rs = row_size(Type.Q8_0, a.ne[0])
     return [mul_mat_src1_row(Type.Q8_0, True, d, x4, b, w4),
-            (P.TASK_EXTRA, [_repack_task_address(), a.ne[0], rs, nchunk0, dr0], (d, x4, b, w4), ())]
+            (P.TASK_EXTRA, [_repack_task_address(), a.ne[0], rs, nchunk0, dr0],
+             (d, x4, b, w4), ())]
 
 
-REPACK_Q4_0_8X8 = CpuKernel(Op.MUL_MAT, "q4_0_8x8_q8_0", _prepare_repacked, lambda node, n: n,
-                            lambda node, n_tasks: row_size(Type.Q8_0, nelements(node.src[1])),
-                            _supports_repacked, "Q4_0 weight repacked to block_q4_0x8; F32 activations",
+REPACK_Q4_0_8X8 = CpuKernel(Op.MUL_MAT, "q4_0_8x8_q8_0", _prepare_repacked,
+                            lambda node, n: n,
+                            lambda node, n_tasks: row_size(Type.Q8_0,
+                                                           nelements(node.src[1])),
+                            _supports_repacked,
+                            "Q4_0 weight repacked to block_q4_0x8; F32 activations",
                             _lower_repacked)
 
 # %% book/07c_backend_devices.ipynb #repack-buffer
 class _RepackBuffer(HostBuffer):
-    """A CPU_REPACK buffer: host memory (ggml allocates it as a CPU buffer and swaps four entries
-    of its iface), whose set_tensor rewrites the bytes and which offers no way back."""
+    """A CPU_REPACK buffer: host memory (ggml allocates it as a CPU buffer and swaps
+    four entries of its iface), whose set_tensor rewrites the bytes and which offers
+    no way back."""
 
     def init_tensor(self, tensor):
-        tensor.extra = repack_optimal_type(tensor)          # ggml: the tensor_traits, or nullptr
+        # ggml: the tensor_traits, or nullptr
+        tensor.extra = repack_optimal_type(tensor)
         return Status.SUCCESS
 
     def set_tensor(self, tensor, data, offset, size):
         where = "ggml_backend_cpu_repack_buffer_set_tensor"
-        require(offset == 0, where, f"offset = {offset}: only whole tensors are repacked", "offset == 0")
-        require(size == nbytes(tensor), where, f"size = {size}, tensor '{tensor.name}' has {nbytes(tensor)} bytes",
+        require(offset == 0, where,
+                f"offset = {offset}: only whole tensors are repacked", "offset == 0")
+        require(size == nbytes(tensor), where,
+                f"size = {size}, tensor '{tensor.name}' has {nbytes(tensor)} bytes",
                 "size == ggml_nbytes(tensor)")
-        require(tensor.extra is not None, where, f"no repacked layout for {tensor.type.name} tensor "
+        require(tensor.extra is not None, where,
+                f"no repacked layout for {tensor.type.name} tensor "
                 f"'{tensor.name}' of ne = {tensor.ne}", "OK == 0")
         nblocks = tensor.ne[0] // QK
         start = self._start(tensor, 0, size, where)
-        self.host_array()[start:start + size] = repack_q4_0_to_q4_0_8_bl(np.asarray(data[:size]), tensor.ne[1], nblocks)
+        self.host_array()[start:start + size] = repack_q4_0_to_q4_0_8_bl(
+            np.asarray(data[:size]), tensor.ne[1], nblocks)
 
     def get_tensor(self, tensor, data, offset, size):
-        raise GGMLError(f"get_tensor: the CPU_REPACK buffer does not offer it (ggml: iface.get_tensor = NULL); "
-                        f"tensor '{tensor.name}' is stored in a layout only its kernels read")
+        raise GGMLError("get_tensor: the CPU_REPACK buffer does not offer it (ggml: "
+                        f"iface.get_tensor = NULL); tensor '{tensor.name}' is stored "
+                        "in a layout only its kernels read")
 
     def cpy_tensor(self, src, dst):
-        return False                                        # ggml: iface.cpy_tensor = NULL
+        return False  # ggml: iface.cpy_tensor = NULL
 
-
+# %% book/07c_backend_devices.ipynb #9a4c1e7b53
 class _RepackExtra:
-    """ggml::cpu::repack::extra_buffer_type: what the CPU device asks a buffer type of its own."""
+    """ggml::cpu::repack::extra_buffer_type: what the CPU device asks a buffer type of
+    its own."""
 
     def supports_op(self, dev, op):
         src0, src1 = op.src[0], op.src[1]
         buf0 = None if src0 is None else tensor_buffer(src0)
-        if op.op != Op.MUL_MAT or buf0 is None or n_dims(src0) != 2 or buf0.buft is not _REPACK_BUFT \
-                or repack_optimal_type(src0) is None:
-            return False                                    # (MUL_MAT_ID: not in ggml_lite)
+        if op.op != Op.MUL_MAT or buf0 is None or n_dims(src0) != 2 \
+                or buf0.buft is not _REPACK_BUFT or repack_optimal_type(src0) is None:
+            return False  # (MUL_MAT_ID: not in ggml_lite)
         buf1 = tensor_buffer(src1)
         if buf1 is not None and not buf1.buft.is_host():
             return False
@@ -376,21 +442,23 @@ class _RepackExtra:
     def get_tensor_traits(self, op):
         src0 = op.src[0] if op.src else None
         buf0 = None if src0 is None else tensor_buffer(src0)
-        if op.op == Op.MUL_MAT and buf0 is not None and buf0.buft is _REPACK_BUFT and src0.extra is not None:
+        if (op.op == Op.MUL_MAT and buf0 is not None and buf0.buft is _REPACK_BUFT
+                and src0.extra is not None):
             return REPACK_Q4_0_8X8
         return None
 
-
+# %% book/07c_backend_devices.ipynb #3e8a5c2f90
 class _RepackBufferType(BackendBufferType):
-    """ggml_backend_cpu_repack_buffer_type: "CPU_REPACK", not host (no is_host: the bytes are not
-    the tensor's), TENSOR_ALIGNMENT, alloc size ggml_nbytes (block_q4_0x8 is 8 block_q4_0's bytes)."""
-    cpu_extra = _RepackExtra()                              # ggml: the buffer type's context
+    """ggml_backend_cpu_repack_buffer_type: "CPU_REPACK", not host (no is_host: the
+    bytes are not the tensor's), TENSOR_ALIGNMENT, alloc size ggml_nbytes
+    (block_q4_0x8 is 8 block_q4_0's bytes)."""
+    cpu_extra = _RepackExtra()  # ggml: the buffer type's context
 
     def __init__(self):
         super().__init__(device=None)
 
     @property
-    def device(self):                                       # the CPU device (made on first use)
+    def device(self):  # the CPU device (made on first use)
         from ggml_lite.backends.cpu.backend import backend_cpu_reg
         return backend_cpu_reg().get_device(0)
 
@@ -416,5 +484,6 @@ _REPACK_BUFT = _RepackBufferType()
 
 # %% book/07c_backend_devices.ipynb #repack-api
 def backend_cpu_repack_buffer_type():
-    """ggml_backend_cpu_repack_buffer_type: the CPU device's extra buffer type "CPU_REPACK" (one object)."""
+    """ggml_backend_cpu_repack_buffer_type: the CPU device's extra buffer type
+    "CPU_REPACK" (one object)."""
     return _REPACK_BUFT

@@ -10,19 +10,25 @@ import os
 import numpy as np
 
 from ggml_lite.backend_buffer import HostBuffer
-from ggml_lite.backend import (TENSOR_ALIGNMENT, Backend, BackendBuffer, BackendBufferType, BackendBufferUsage,
-                               BackendDevCaps, BackendDevice, BackendDevProps, BackendDevType, BackendEvent,
-                               BackendReg, guid_matches)
-from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES, DEQUANTIZE_TYPES, GET_ROWS_TYPES,
-                                             MATRIX_ROW_PADDING, MMVQ_MAX_BATCH_SIZE, MMVQ_TYPES, cuda_emulated, cuda_kernel,
-                                             cuda_op_bin_bcast, cuda_op_cpy, cuda_op_get_rows, cuda_op_mul_mat,
-                                             cuda_op_norm, cuda_op_rope, cuda_op_scale, cuda_op_soft_max,
-                                             cuda_op_swiglu, cuda_op_unary, import_cupy)
+from ggml_lite.backend import (TENSOR_ALIGNMENT, Backend, BackendBuffer,
+                               BackendBufferType, BackendBufferUsage, BackendDevCaps,
+                               BackendDevice, BackendDevProps, BackendDevType,
+                               BackendEvent, BackendReg, guid_matches)
+from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES,
+                                             DEQUANTIZE_TYPES, GET_ROWS_TYPES,
+                                             MATRIX_ROW_PADDING, MMVQ_MAX_BATCH_SIZE,
+                                             MMVQ_TYPES, cuda_emulated, cuda_kernel,
+                                             cuda_op_bin_bcast, cuda_op_cpy,
+                                             cuda_op_get_rows, cuda_op_mul_mat,
+                                             cuda_op_norm, cuda_op_rope, cuda_op_scale,
+                                             cuda_op_soft_max, cuda_op_swiglu,
+                                             cuda_op_unary, import_cupy)
 from ggml_lite.backends.cuda.kernels import SET_ROWS_TYPES, cuda_op_set_rows
 from ggml_lite.core import GGMLError, Status
-from ggml_lite.ops import ROPE_TYPE_NEOX, GluOp, Op, UnaryOp, get_glu_op, get_unary_op, op_desc
-from ggml_lite.tensor import (is_contiguous, is_contiguous_1, is_contiguous_2, is_contiguous_rows, is_empty,
-                              nbytes, nrows)
+from ggml_lite.ops import (ROPE_TYPE_NEOX, GluOp, Op, UnaryOp, get_glu_op, get_unary_op,
+                           op_desc)
+from ggml_lite.tensor import (is_contiguous, is_contiguous_1, is_contiguous_2,
+                              is_contiguous_rows, is_empty, nbytes, nrows)
 from ggml_lite.types import Type, is_quantized, row_size, type_name, type_size
 
 _log = logging.getLogger("ggml_lite.backends.cuda")
@@ -34,15 +40,17 @@ _NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
 
 # %% book/11_cuda.ipynb #cuda-alloc-size
 def cuda_alloc_size(tensor):
-    """ggml_backend_cuda_buffer_type_get_alloc_size: nbytes, plus, for a quantized tensor whose rows
-    are not a multiple of 512 values, the bytes of the missing values of one row (the last row is
-    padded, so a kernel reading whole 512-value tiles stays inside the allocation)."""
+    """ggml_backend_cuda_buffer_type_get_alloc_size: nbytes, plus, for a quantized
+    tensor whose rows are not a multiple of 512 values, the bytes of the missing
+    values of one row (the last row is padded, so a kernel reading whole 512-value
+    tiles stays inside the allocation)."""
     size = nbytes(tensor)
     ne0 = tensor.ne[0]
     if is_quantized(tensor.type) and ne0 % MATRIX_ROW_PADDING != 0:
         if tensor.nb[0] != type_size(tensor.type):
-            raise GGMLError(f"cuda get_alloc_size: GGML_ASSERT(tensor->nb[0] == ggml_element_size(tensor)) "
-                            f"failed for '{tensor.name}': nb[0] = {tensor.nb[0]}, element size "
+            raise GGMLError("cuda get_alloc_size: GGML_ASSERT(tensor->nb[0] == "
+                            f"ggml_element_size(tensor)) failed for '{tensor.name}': "
+                            f"nb[0] = {tensor.nb[0]}, element size "
                             f"{type_size(tensor.type)}")
         size += row_size(tensor.type, MATRIX_ROW_PADDING - ne0 % MATRIX_ROW_PADDING)
     return size
@@ -53,7 +61,8 @@ def cuda_availability():
     try:
         cp = import_cupy()
     except ImportError as e:
-        return False, f"cupy is not installed ({e}); install the 'cuda' extra: pip install 'ggml_lite[cuda]'"
+        return False, (f"cupy is not installed ({e}); install the 'cuda' extra: "
+                       "pip install 'ggml_lite[cuda]'")
     try:
         n = cp.cuda.runtime.getDeviceCount()
     except Exception as e:              # CUDARuntimeError without a driver or a device
@@ -70,8 +79,9 @@ def backend_cuda_get_device_count():
 
 # %% book/11_cuda.ipynb #cuda-buffer
 class CUDABufferType(BackendBufferType):
-    """ggml_backend_cuda_buffer_type(device): device memory of one GPU, tensors 128-byte aligned,
-    quantized tensors padded (cuda_alloc_size). cupy is needed only to allocate."""
+    """ggml_backend_cuda_buffer_type(device): device memory of one GPU, tensors 128-byte
+    aligned, quantized tensors padded (cuda_alloc_size). cupy is needed only to
+    allocate."""
 
     def __init__(self, device, device_id):
         super().__init__(device)
@@ -84,9 +94,10 @@ class CUDABufferType(BackendBufferType):
         cp = import_cupy()
         with cp.cuda.Device(self.device_id):
             try:
-                memory = cp.cuda.Memory(size)               # cudaMalloc, as ggml does (no pool)
+                memory = cp.cuda.Memory(size)  # cudaMalloc, as ggml does (no pool)
             except cp.cuda.runtime.CUDARuntimeError as e:
-                raise MemoryError(f"cudaMalloc of {size} bytes on device {self.device_id}: {e}") from None
+                raise MemoryError(f"cudaMalloc of {size} bytes on device "
+                                  f"{self.device_id}: {e}") from None
         return _CUDABuffer(self, size, memory)
 
     def get_alignment(self):
@@ -100,8 +111,9 @@ _H2D, _D2H, _D2D = 1, 2, 3          # cudaMemcpyKind
 
 
 def _copy_now(dst, src, size, kind):
-    """Done on return, as ggml's set/get_tensor (cudaMemcpyAsync, then a sync): a plain cudaMemcpy from
-    pageable memory may return before the data lands, unordered with the non-blocking stream."""
+    """Done on return, as ggml's set/get_tensor (cudaMemcpyAsync, then a sync): a plain
+    cudaMemcpy from pageable memory may return before the data lands, unordered with the
+    non-blocking stream."""
     rt = import_cupy().cuda.runtime
     rt.memcpyAsync(dst, src, size, kind, 0)
     rt.streamSynchronize(0)
@@ -111,6 +123,25 @@ def _memset_now(ptr, value, size):
     rt = import_cupy().cuda.runtime
     rt.memsetAsync(ptr, value, size, 0)
     rt.streamSynchronize(0)
+
+# %% book/11_cuda.ipynb #a3c5e7f912
+def _cuda_buffer_cpy_tensor(buf, src, dst):
+    """ggml_backend_cuda_buffer_cpy_tensor: device to device (or peer to peer) into buf;
+    False for any other source, as ggml."""
+    src_buf = src.view_src.buffer if src.view_src is not None else src.buffer
+    if not isinstance(src_buf, _CUDABuffer):
+        return False
+    cp = import_cupy()
+    n = nbytes(src)
+    ptr = buf._address(dst, 0, n, "cpy_tensor")
+    with cp.cuda.Device(buf.buft.device_id):
+        if src_buf.buft.device_id == buf.buft.device_id:
+            _copy_now(ptr, src.data, n, _D2D)
+        else:
+            cp.cuda.runtime.memcpyPeerAsync(ptr, buf.buft.device_id, src.data,
+                                            src_buf.buft.device_id, n, 0)
+            cp.cuda.runtime.streamSynchronize(0)
+    return True
 
 # %% book/11_cuda.ipynb #cuda-buffer-class
 class _CUDABuffer(BackendBuffer):
@@ -127,13 +158,14 @@ class _CUDABuffer(BackendBuffer):
     def _address(self, tensor, offset, size, where):
         start = tensor.data - self._memory.ptr + offset
         if start < 0 or start + size > self.size:
-            raise GGMLError(f"{where}: tensor '{tensor.name}' is not inside this {self.buft.get_name()} "
-                            f"buffer of {self.size} bytes")
+            raise GGMLError(f"{where}: tensor '{tensor.name}' is not inside this "
+                            f"{self.buft.get_name()} buffer of {self.size} bytes")
         return tensor.data + offset
 
     def init_tensor(self, tensor):
         # quantized weights: zero the padding, so that reading it gives 0, never NaN
-        if tensor.view_src is None and is_quantized(tensor.type) and self.usage != BackendBufferUsage.COMPUTE:
+        if (tensor.view_src is None and is_quantized(tensor.type)
+                and self.usage != BackendBufferUsage.COMPUTE):
             pad = cuda_alloc_size(tensor) - nbytes(tensor)
             if pad > 0:
                 with import_cupy().cuda.Device(self.buft.device_id):
@@ -156,20 +188,7 @@ class _CUDABuffer(BackendBuffer):
             _copy_now(data.ctypes.data, ptr, size, _D2H)
 
     def cpy_tensor(self, src, dst):
-        """Device to device (or peer to peer); False for any other source, as ggml."""
-        src_buf = src.view_src.buffer if src.view_src is not None else src.buffer
-        if not isinstance(src_buf, _CUDABuffer):
-            return False
-        cp = import_cupy()
-        n = nbytes(src)
-        ptr = self._address(dst, 0, n, "cpy_tensor")
-        with cp.cuda.Device(self.buft.device_id):
-            if src_buf.buft.device_id == self.buft.device_id:
-                _copy_now(ptr, src.data, n, _D2D)
-            else:
-                cp.cuda.runtime.memcpyPeerAsync(ptr, self.buft.device_id, src.data, src_buf.buft.device_id, n, 0)
-                cp.cuda.runtime.streamSynchronize(0)
-        return True
+        return _cuda_buffer_cpy_tensor(self, src, dst)
 
     def clear(self, value):
         with import_cupy().cuda.Device(self.buft.device_id):
@@ -177,9 +196,9 @@ class _CUDABuffer(BackendBuffer):
 
 # %% book/11_cuda.ipynb #cuda-host-buffer
 class CUDAHostBufferType(BackendBufferType):
-    """ggml_backend_cuda_host_buffer_type: pinned (page-locked) host memory, "CUDA_Host". The CPU
-    computes on it like on any host buffer; copies between it and a GPU run at full speed and can
-    be truly asynchronous."""
+    """ggml_backend_cuda_host_buffer_type: pinned (page-locked) host memory,
+    "CUDA_Host". The CPU computes on it like on any host buffer; copies between it
+    and a GPU run at full speed and can be truly asynchronous."""
 
     def get_name(self):
         return "CUDA_Host"
@@ -200,8 +219,9 @@ class CUDAHostBufferType(BackendBufferType):
 
 # %% book/11_cuda.ipynb #cuda-host-buffer-class
 class _CUDAHostBuffer(HostBuffer):
-    """Pinned host memory: a CPU buffer over the cudaMallocHost allocation whose free releases
-    the pinning (ggml-cuda.cu: ggml_backend_cpu_buffer_from_ptr, then free_buffer replaced)."""
+    """Pinned host memory: a CPU buffer over the cudaMallocHost allocation whose free
+    releases the pinning (ggml-cuda.cu: ggml_backend_cpu_buffer_from_ptr, then
+    free_buffer replaced)."""
 
     def __init__(self, buft, size, memory):
         super().__init__(buft, size, np.frombuffer(memory, np.uint8, size))
@@ -212,34 +232,58 @@ class _CUDAHostBuffer(HostBuffer):
 
 # %% book/11_cuda.ipynb #cuda-cpy-async
 def _cuda_cpy_tensor_async(backend_src, backend_dst, src, dst):
-    """ggml_backend_cuda_cpy_tensor_async: device to device on the source's stream, the destination's
-    stream waiting on an event; False unless both backends and both buffers are CUDA (the
-    scheduler then copies blocking)."""
+    """ggml_backend_cuda_cpy_tensor_async: device to device on the source's stream, the
+    destination's stream waiting on an event; False unless both backends and both
+    buffers are CUDA (the scheduler then copies blocking)."""
     buf_src = src.view_src.buffer if src.view_src is not None else src.buffer
     buf_dst = dst.view_src.buffer if dst.view_src is not None else dst.buffer
     if not (backend_is_cuda(backend_src) and backend_is_cuda(backend_dst)):
         return False
     if not (isinstance(buf_src, _CUDABuffer) and isinstance(buf_dst, _CUDABuffer)):
         return False
-    if buf_src.buft.device_id != backend_src.device_id or buf_dst.buft.device_id != backend_dst.device_id:
+    if (buf_src.buft.device_id != backend_src.device_id
+            or buf_dst.buft.device_id != backend_dst.device_id):
         return False
     cp = import_cupy()
     n = nbytes(dst)
     with cp.cuda.Device(backend_src.device_id):
         if backend_src.device_id == backend_dst.device_id:
-            cp.cuda.runtime.memcpyAsync(dst.data, src.data, n, _D2D, backend_src.stream.ptr)
+            cp.cuda.runtime.memcpyAsync(dst.data, src.data, n, _D2D,
+                                        backend_src.stream.ptr)
         else:
-            cp.cuda.runtime.memcpyPeerAsync(dst.data, backend_dst.device_id, src.data, backend_src.device_id, n,
+            cp.cuda.runtime.memcpyPeerAsync(dst.data, backend_dst.device_id, src.data,
+                                            backend_src.device_id, n,
                                             backend_src.stream.ptr)
         if backend_src is not backend_dst:
             backend_src.copy_event.record(backend_src.stream)
             backend_dst.stream.wait_event(backend_src.copy_event)
     return True
 
+# %% book/11_cuda.ipynb #b7d9f1a3c4
+def _cuda_graph_compute(ctx, cgraph):
+    """ggml_backend_cuda_graph_compute: every node's kernels queued on ctx's stream."""
+    cp = import_cupy()
+    with cp.cuda.Device(ctx.device_id), ctx.stream:
+        for node in cgraph.nodes:
+            if node.op in _NO_COMPUTE or is_empty(node):
+                continue
+            if not cuda_supports_op(node, ctx.device_id):
+                raise GGMLError(f"CUDA{ctx.device_id} graph_compute: unsupported node "
+                                f"'{node.name}' ({op_desc(node)}, "
+                                f"{type_name(node.type)}, ne={node.ne}); "
+                                "backend_supports_op says so")
+            _check_on_device(node, ctx.device_id)
+            try:
+                _compute_forward(ctx, node)
+            finally:
+                ctx._scratch.clear()        # the pool reuses it in stream order: safe
+    return Status.SUCCESS
+
 # %% book/11_cuda.ipynb #cuda-backend-stream
 class _CUDABackend(Backend):
-    """ggml_backend_cuda_context: one non-blocking stream on one GPU, and scratch memory from
-    cupy's stream-ordered pool (ggml's pool) that lives as long as the node that asked for it."""
+    """ggml_backend_cuda_context: one non-blocking stream on one GPU, and scratch
+    memory from cupy's stream-ordered pool (ggml's pool) that lives as long as the node
+    that asked for it."""
 
     def __init__(self, device):
         super().__init__(_CUDA_GUID, device)
@@ -258,7 +302,8 @@ class _CUDABackend(Backend):
         return cuda_kernel(self.device_id, file, name)
 
     def pool_alloc(self, size):
-        """size bytes of scratch on this stream (a cupy uint8 array), freed after the node."""
+        """size bytes of scratch on this stream (a cupy uint8 array), freed after the
+        node."""
         a = import_cupy().empty(max(int(size), 1), np.uint8)
         self._scratch.append(a)
         return a
@@ -267,13 +312,15 @@ class _CUDABackend(Backend):
         cp = import_cupy()
         self._pending.append(data)
         with cp.cuda.Device(self.device_id):
-            cp.cuda.runtime.memcpyAsync(tensor.data + offset, data.ctypes.data, size, _H2D, self.stream.ptr)
+            cp.cuda.runtime.memcpyAsync(tensor.data + offset, data.ctypes.data, size,
+                                        _H2D, self.stream.ptr)
 
     def get_tensor_async(self, tensor, data, offset, size):
         cp = import_cupy()
         self._pending.append(data)
         with cp.cuda.Device(self.device_id):
-            cp.cuda.runtime.memcpyAsync(data.ctypes.data, tensor.data + offset, size, _D2H, self.stream.ptr)
+            cp.cuda.runtime.memcpyAsync(data.ctypes.data, tensor.data + offset, size,
+                                        _D2H, self.stream.ptr)
 
     def cpy_tensor_async(self, backend_src, src, dst):
         return _cuda_cpy_tensor_async(backend_src, self, src, dst)
@@ -283,21 +330,7 @@ class _CUDABackend(Backend):
         self._pending.clear()
 
     def graph_compute(self, cgraph):
-        cp = import_cupy()
-        with cp.cuda.Device(self.device_id), self.stream:
-            for node in cgraph.nodes:
-                if node.op in _NO_COMPUTE or is_empty(node):
-                    continue
-                if not cuda_supports_op(node, self.device_id):
-                    raise GGMLError(f"CUDA{self.device_id} graph_compute: unsupported node '{node.name}' "
-                                    f"({op_desc(node)}, {type_name(node.type)}, ne={node.ne}); "
-                                    f"backend_supports_op says so")
-                _check_on_device(node, self.device_id)
-                try:
-                    _compute_forward(self, node)
-                finally:
-                    self._scratch.clear()       # the pool reuses it in stream order: safe
-        return Status.SUCCESS
+        return _cuda_graph_compute(self, cgraph)
 
     def event_record(self, event):
         event.context.record(self.stream)
@@ -310,7 +343,8 @@ _MUL_MAT_TYPES = {Type.F32, Type.F16} | set(DEQUANTIZE_TYPES)
 
 
 def _dense_blocks(t):
-    """Rows of whole blocks (values) at strides the kernels can count in blocks (elements)."""
+    """Rows of whole blocks (values) at strides the kernels can count in blocks
+    (elements)."""
     size = type_size(t.type)
     return t.nb[0] == size and all(nb % size == 0 for nb in t.nb[1:])
 
@@ -321,17 +355,20 @@ def _supports_mul_mat(op):
         return False
     if not (_dense_blocks(src0) and _dense_blocks(src1) and _dense_blocks(op)):
         return False
-    if src0.type in MMVQ_TYPES and src1.ne[1] <= MMVQ_MAX_BATCH_SIZE:      # quantize_q8_1's grid z
+    # quantize_q8_1's grid z
+    if src0.type in MMVQ_TYPES and src1.ne[1] <= MMVQ_MAX_BATCH_SIZE:
         return op.ne[2] * op.ne[3] <= GRID_YZ_MAX
     return True
 
 # %% book/11_cuda.ipynb #cuda-supports-cpy
 def _supports_cpy(src, dst):
-    """The type pairs cpy.cu converts (ggml's list for these types), with the layouts it needs."""
+    """The type pairs cpy.cu converts (ggml's list for these types), with the layouts it
+    needs."""
     if src.type in CPY_FLOAT_TYPES and dst.type in CPY_FLOAT_TYPES:
         return True
-    if src.type == dst.type and (src.type == Type.I32 or (is_contiguous(src) and is_contiguous(dst))):
-        return True                                     # I32 element by element; others as one memcpy
+    if src.type == dst.type and (src.type == Type.I32
+                                 or (is_contiguous(src) and is_contiguous(dst))):
+        return True  # I32 element by element; others as one memcpy
     if src.type == Type.F32 and dst.type in CPY_QUANT_TYPES:
         return src.nb[0] == 4 and src.ne[0] % 32 == 0 and _dense_blocks(dst)
     if src.type in CPY_QUANT_TYPES and dst.type == Type.F32:
@@ -340,8 +377,9 @@ def _supports_cpy(src, dst):
 
 # %% book/11_cuda.ipynb #cuda-supports-op
 def cuda_supports_op(op, device_id=0):
-    """What this backend's kernels compute, exactly: the node's op, types and layouts (no cupy needed).
-    Like ggml, a node whose source lives in another GPU's buffer is refused."""
+    """What this backend's kernels compute, exactly: the node's op, types and layouts
+    (no cupy needed). Like ggml, a node whose source lives in another GPU's buffer is
+    refused."""
     for s in op.src:
         buft = s.buffer.buft if s is not None and s.buffer is not None else None
         if isinstance(buft, CUDABufferType) and buft.device_id != device_id:
@@ -353,39 +391,50 @@ def cuda_supports_op(op, device_id=0):
     if op.op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
         return src0.type == op.src[1].type == op.type == Type.F32
     if op.op == Op.SCALE:
-        return src0.type == op.type == Type.F32 and is_contiguous(src0) and is_contiguous(op)
+        return (src0.type == op.type == Type.F32 and is_contiguous(src0)
+                and is_contiguous(op))
     if op.op == Op.UNARY:
-        return (get_unary_op(op) in (UnaryOp.SILU, UnaryOp.GELU) and src0.type in f32_or_f16
-                and op.type == src0.type and is_contiguous(src0) and is_contiguous(op))
+        return (get_unary_op(op) in (UnaryOp.SILU, UnaryOp.GELU)
+                and src0.type in f32_or_f16 and op.type == src0.type
+                and is_contiguous(src0) and is_contiguous(op))
     if op.op == Op.GLU:
         src1 = op.src[1]
-        return (get_glu_op(op) == GluOp.SWIGLU and src0.type in f32_or_f16 and op.type == src0.type
-                and is_contiguous_1(src0) and src0.nb[0] == type_size(src0.type) and is_contiguous(op)
+        return (get_glu_op(op) == GluOp.SWIGLU and src0.type in f32_or_f16
+                and op.type == src0.type
+                and is_contiguous_1(src0) and src0.nb[0] == type_size(src0.type)
+                and is_contiguous(op)
                 and (src1 is None or (src1.type == src0.type and is_contiguous_1(src1)
                                       and src1.nb[0] == type_size(src1.type))))
     if op.op in (Op.NORM, Op.RMS_NORM):
-        return (src0.type == op.type == Type.F32 and is_contiguous_rows(src0) and _dense_blocks(src0)
-                and is_contiguous(op) and src0.ne[2] <= GRID_YZ_MAX and src0.ne[3] <= GRID_YZ_MAX)
+        return (src0.type == op.type == Type.F32 and is_contiguous_rows(src0)
+                and _dense_blocks(src0) and is_contiguous(op)
+                and src0.ne[2] <= GRID_YZ_MAX and src0.ne[3] <= GRID_YZ_MAX)
     if op.op == Op.ROPE:
         mode = int(op.op_params[2])
         ff = op.src[2]
-        return (mode in (0, ROPE_TYPE_NEOX) and src0.type in f32_or_f16 and op.type == src0.type
+        return (mode in (0, ROPE_TYPE_NEOX) and src0.type in f32_or_f16
+                and op.type == src0.type
                 and is_contiguous_2(src0) and _dense_blocks(src0) and _dense_blocks(op)
-                and src0.ne[0] % 2 == 0 and (ff is None or (ff.type == Type.F32 and is_contiguous(ff))))
+                and src0.ne[0] % 2 == 0
+                and (ff is None or (ff.type == Type.F32 and is_contiguous(ff))))
     if op.op == Op.SOFT_MAX:
         mask, sinks = op.src[1], op.src[2]
-        return (src0.type == op.type == Type.F32 and is_contiguous(src0) and is_contiguous(op)
+        return (src0.type == op.type == Type.F32 and is_contiguous(src0)
+                and is_contiguous(op)
                 and op.ne[2] <= GRID_YZ_MAX and op.ne[3] <= GRID_YZ_MAX
                 and (mask is None or (mask.type in f32_or_f16 and is_contiguous(mask)))
-                and (sinks is None or (sinks.type == Type.F32 and is_contiguous(sinks))))
+                and (sinks is None
+                     or (sinks.type == Type.F32 and is_contiguous(sinks))))
     if op.op == Op.GET_ROWS:
         src1 = op.src[1]
         want = Type.I32 if src0.type == Type.I32 else Type.F32
-        return (src0.type in GET_ROWS_TYPES and src1.type == Type.I32 and op.type == want
+        return (src0.type in GET_ROWS_TYPES and src1.type == Type.I32
+                and op.type == want
                 and _dense_blocks(src0) and _dense_blocks(src1) and _dense_blocks(op))
     if op.op == Op.SET_ROWS:
         src1 = op.src[1]
-        return (src0.type == Type.F32 and src1.type in (Type.I64, Type.I32) and op.type in SET_ROWS_TYPES
+        return (src0.type == Type.F32 and src1.type in (Type.I64, Type.I32)
+                and op.type in SET_ROWS_TYPES
                 and src0.nb[0] == 4 and op.nb[0] == type_size(op.type))
     if op.op == Op.CPY:
         return _supports_cpy(src0, op)
@@ -397,7 +446,8 @@ def cuda_supports_op(op, device_id=0):
 
 # %% book/11_cuda.ipynb #cuda-offload-op
 def cuda_op_batch_size(op):
-    """ggml-cuda's get_op_batch_size: the number the offload threshold is compared with."""
+    """ggml-cuda's get_op_batch_size: the number the offload threshold is compared
+    with."""
     if op.op == Op.GET_ROWS:
         return 0
     if op.op == Op.MUL_MAT:
@@ -408,7 +458,8 @@ def cuda_op_batch_size(op):
 
 # %% book/11_cuda.ipynb #cuda-compute-forward
 def _compute_forward(ctx, node):
-    """ggml_cuda_compute_forward: one node, one (or a few) kernel launches on ctx's stream."""
+    """ggml_cuda_compute_forward: one node, one (or a few) kernel launches on ctx's
+    stream."""
     op = node.op
     if op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
         cuda_op_bin_bcast(ctx, node)
@@ -437,28 +488,38 @@ def _compute_forward(ctx, node):
 
 
 def _check_on_device(node, device_id):
-    """Every tensor a kernel touches must be in this GPU's memory: a host address handed to a
-    kernel would be read as a device address."""
+    """Every tensor a kernel touches must be in this GPU's memory: a host address handed
+    to a kernel would be read as a device address."""
     for t in (node, *(s for s in node.src if s is not None)):
         buf = t.view_src.buffer if t.view_src is not None else t.buffer
         if not isinstance(buf, _CUDABuffer) or buf.buft.device_id != device_id:
-            where = "a context's own host memory" if buf is None else f"a {buf.buft.get_name()} buffer"
-            raise GGMLError(f"CUDA{device_id} graph_compute: tensor '{t.name}' of node '{node.name}' "
-                            f"({op_desc(node)}) is in {where}, not in CUDA{device_id} memory")
+            if buf is None:
+                where = "a context's own host memory"
+            else:
+                where = f"a {buf.buft.get_name()} buffer"
+            raise GGMLError(f"CUDA{device_id} graph_compute: tensor '{t.name}' of node "
+                            f"'{node.name}' ({op_desc(node)}) is in {where}, "
+                            f"not in CUDA{device_id} memory")
+
+# %% book/11_cuda.ipynb #c2e4a6b8d1
+def _device_props(device_id):
+    """(description, integrated, PCI id) of GPU device_id (cudaGetDeviceProperties)."""
+    props = import_cupy().cuda.runtime.getDeviceProperties(device_id)
+    name = props["name"]
+    description = name.decode() if isinstance(name, bytes) else str(name)
+    pci_id = (f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:"
+              f"{props.get('pciDeviceID', 0):02x}.0")
+    return description, bool(props.get("integrated", 0)), pci_id
 
 # %% book/11_cuda.ipynb #cuda-device
 class _CUDADevice(BackendDevice):
     def __init__(self, reg, device_id):
         super().__init__(reg)
-        cp = import_cupy()
         self.device_id = device_id
-        props = cp.cuda.runtime.getDeviceProperties(device_id)
-        name = props["name"]
-        self._description = name.decode() if isinstance(name, bytes) else str(name)
-        self._integrated = bool(props.get("integrated", 0))
-        self._pci_id = f"{props.get('pciDomainID', 0):04x}:{props.get('pciBusID', 0):02x}:{props.get('pciDeviceID', 0):02x}.0"
+        self._description, self._integrated, self._pci_id = _device_props(device_id)
         self._buft = CUDABufferType(self, device_id)
-        self.op_offload_min_batch_size = int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", 32))
+        self.op_offload_min_batch_size = int(
+            os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", 32))
 
     def get_name(self):
         return f"CUDA{self.device_id}"
@@ -469,16 +530,17 @@ class _CUDADevice(BackendDevice):
     def get_memory(self):
         cp = import_cupy()
         with cp.cuda.Device(self.device_id):
-            free, total = cp.cuda.runtime.memGetInfo()
-        return free, total
+            return cp.cuda.runtime.memGetInfo()
 
     def get_type(self):
         return BackendDevType.IGPU if self._integrated else BackendDevType.GPU
 
     def get_props(self):
         free, total = self.get_memory()
-        return BackendDevProps(self.get_name(), self.get_description(), free, total, self.get_type(), self._pci_id,
-                               BackendDevCaps(async_=True, host_buffer=os.environ.get("GGML_CUDA_NO_PINNED") is None,
+        pinned = os.environ.get("GGML_CUDA_NO_PINNED") is None
+        return BackendDevProps(self.get_name(), self.get_description(), free, total,
+                               self.get_type(), self._pci_id,
+                               BackendDevCaps(async_=True, host_buffer=pinned,
                                               buffer_from_host_ptr=False, events=True))
 
     def init_backend(self, params=None):
@@ -516,7 +578,8 @@ class _CUDAReg(BackendReg):
     def __init__(self):
         super().__init__()
         self.emulated = cuda_emulated()         # a GPU's reg, or the emulated device's
-        self._devices = [_CUDADevice(self, i) for i in range(backend_cuda_get_device_count())]
+        self._devices = [_CUDADevice(self, i)
+                         for i in range(backend_cuda_get_device_count())]
 
     def get_name(self):
         return "CUDA"
@@ -526,7 +589,8 @@ class _CUDAReg(BackendReg):
 
     def get_device(self, index):
         if not 0 <= index < len(self._devices):
-            raise GGMLError(f"CUDA reg: device index {index} out of range ({len(self._devices)} devices)")
+            raise GGMLError(f"CUDA reg: device index {index} out of range "
+                            f"({len(self._devices)} devices)")
         return self._devices[index]
 
 
@@ -541,9 +605,11 @@ def _require_cuda(where):
 
 
 def backend_cuda_reg():
-    """ggml_backend_cuda_reg: the CUDA reg (one object) with a device per visible GPU."""
+    """ggml_backend_cuda_reg: the CUDA reg (one object) with a device per visible
+    GPU."""
     global _CUDA_REG, _CUDA_HOST_BUFFER_TYPE
-    if _CUDA_REG is None or _CUDA_REG.emulated != cuda_emulated():     # built anew when the mode changed
+    # built anew when the mode changed
+    if _CUDA_REG is None or _CUDA_REG.emulated != cuda_emulated():
         _require_cuda("backend_cuda_reg")
         _CUDA_REG, _CUDA_HOST_BUFFER_TYPE = _CUDAReg(), None
     return _CUDA_REG
@@ -553,7 +619,8 @@ def backend_cuda_init(device=0):
     """ggml_backend_cuda_init: a new backend (stream) on GPU number device."""
     reg = backend_cuda_reg()
     if not 0 <= device < reg.get_device_count():
-        raise GGMLError(f"backend_cuda_init: invalid device {device} ({reg.get_device_count()} CUDA devices)")
+        raise GGMLError(f"backend_cuda_init: invalid device {device} "
+                        f"({reg.get_device_count()} CUDA devices)")
     return reg.get_device(device).init_backend()
 
 
@@ -563,16 +630,19 @@ def backend_is_cuda(backend):
 
 
 def backend_cuda_buffer_type(device=0):
-    """ggml_backend_cuda_buffer_type: the device memory buffer type of GPU number device."""
+    """ggml_backend_cuda_buffer_type: the device memory buffer type of GPU number
+    device."""
     return backend_cuda_reg().get_device(device).get_buffer_type()
 
 
 def backend_cuda_host_buffer_type():
-    """ggml_backend_cuda_host_buffer_type: the pinned host buffer type "CUDA_Host" (one object)."""
+    """ggml_backend_cuda_host_buffer_type: the pinned host buffer type "CUDA_Host" (one
+    object)."""
     global _CUDA_HOST_BUFFER_TYPE
     reg = backend_cuda_reg()
     if _CUDA_HOST_BUFFER_TYPE is None:
-        _CUDA_HOST_BUFFER_TYPE = CUDAHostBufferType(reg.get_device(0) if reg.get_device_count() else None)
+        _CUDA_HOST_BUFFER_TYPE = CUDAHostBufferType(reg.get_device(0)
+                                                    if reg.get_device_count() else None)
     return _CUDA_HOST_BUFFER_TYPE
 
 
@@ -592,7 +662,8 @@ def ggml_backend_init():
 
 
 def ggml_backend_score():
-    """The loader's score: 0 (with the reason logged at DEBUG) without cupy or a visible GPU."""
+    """The loader's score: 0 (with the reason logged at DEBUG) without cupy or a visible
+    GPU."""
     ok, why = cuda_availability()
     if not ok:
         _log.debug("CUDA backend: not available: %s", why)

@@ -25,15 +25,19 @@ from ggml_lite.core import GGMLError
 
 EMU_ENV = "GGML_LITE_CUDA_EMU"
 EMU_DESCRIPTION = "CUDA0 (emulated on the CPU)"
-# the header sits next to the kernels (found through the package: a notebook has no __file__)
+# the header sits next to the kernels (found through the package: a notebook has no
+# __file__)
 EMU_HEADER = Path(str(resources.files("ggml_lite.backends.cuda"))) / "cuda_emu.cuh"
-EMU_CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing",
-                 "-mfma", "-ffp-contract=fast", "-DGGML_LITE_CUDA_EMU")
+EMU_CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+                 "-fno-strict-aliasing", "-mfma", "-ffp-contract=fast",
+                 "-DGGML_LITE_CUDA_EMU")
 EMU_SCHEDULES = {"forward": 0, "reverse": 1, "warps": 2}
-EMU_STATS = {"compiles": 0, "compile_s": 0.0, "launches": 0, "blocks": 0, "threads": 0, "run_s": 0.0}
+EMU_STATS = {"compiles": 0, "compile_s": 0.0, "launches": 0, "blocks": 0, "threads": 0,
+             "run_s": 0.0}
 
 def emu_cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                            ".cache")
     return Path(base) / "ggml_lite" / "cuda_emu"
 
 
@@ -47,15 +51,19 @@ def _compiler_version(cxx):
     return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
 
 # %% book/11_cuda.ipynb #emu-compile
-_KERNEL = re.compile(r'extern\s+"C"\s+__ggml_lite_emu_kernel__\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)\s*\(')
-_CVT = re.compile(r'asm\s*(?:volatile\s*)?\(\s*"cvt\.([\w.]+)\s+%0\s*,\s*%1\s*;"\s*:\s*"=\w+"\s*\(\s*(\w+)\s*\)'
+_KERNEL = re.compile(r'extern\s+"C"\s+__ggml_lite_emu_kernel__\s+'
+                     r'(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)\s*\(')
+_CVT = re.compile(r'asm\s*(?:volatile\s*)?\(\s*"cvt\.([\w.]+)\s+%0\s*,\s*%1\s*;"'
+                  r'\s*:\s*"=\w+"\s*\(\s*(\w+)\s*\)'
                   r'\s*:\s*"\w+"\s*\(\s*(\w+)\s*\)\s*\)')
 
 def _translate_ptx(text):
-    text = _CVT.sub(lambda m: f"{m.group(2)} = emu_ptx_cvt_{m.group(1).replace('.', '_')}({m.group(3)})", text)
+    text = _CVT.sub(lambda m: (f"{m.group(2)} = emu_ptx_cvt_"
+                               f"{m.group(1).replace('.', '_')}({m.group(3)})"), text)
     left = re.search(r'\basm\b\s*(?:volatile\s*)?\(.*?\)\s*;', text, re.S)
     if left:
-        raise GGMLError(f"emulated CUDA: inline PTX the emulator cannot translate: {left.group(0)[:120]}")
+        raise GGMLError("emulated CUDA: inline PTX the emulator cannot translate: "
+                        f"{left.group(0)[:120]}")
     return text
 
 # %% book/11_cuda.ipynb #emu-compile-2
@@ -65,9 +73,10 @@ def _include_dirs(options):
 
 def _cache_key(code, options, cxx):
     h = hashlib.sha256()
-    for part in (code, "\0".join(options), "\0".join(EMU_CXX_FLAGS), _compiler_version(cxx), EMU_HEADER.read_text()):
+    for part in (code, "\0".join(options), "\0".join(EMU_CXX_FLAGS),
+                 _compiler_version(cxx), EMU_HEADER.read_text()):
         h.update(part.encode() + b"\0\1")
-    for d in _include_dirs(options):                     # what #include "x.cuh" may read
+    for d in _include_dirs(options):  # what #include "x.cuh" may read
         for p in sorted(Path(d).glob("*")):
             if p.suffix in (".cuh", ".h", ".hpp") and p != EMU_HEADER:
                 h.update(p.name.encode() + b"\0" + p.read_bytes())
@@ -76,18 +85,24 @@ def _cache_key(code, options, cxx):
 
 def _wrappers(names):
     """An extern "C" launcher and signature per kernel, the kernel list."""
-    out = [f'extern "C" __attribute__((visibility("default"))) int ggml_lite_emu_launch_{n}(const int64_t * d, int s, void ** a) {{ return emu::launch({n}, d, s, a); }}\n'
-           f'extern "C" __attribute__((visibility("default"))) const char * ggml_lite_emu_sig_{n}() {{ return emu::signature({n}); }}' for n in names]
-    out.append(f'extern "C" __attribute__((visibility("default"))) const char * ggml_lite_emu_kernels() {{ return "{" ".join(names)}"; }}')
+    out = ['extern "C" __attribute__((visibility("default"))) int '
+           f'ggml_lite_emu_launch_{n}(const int64_t * d, int s, void ** a) '
+           f'{{ return emu::launch({n}, d, s, a); }}\n'
+           'extern "C" __attribute__((visibility("default"))) const char * '
+           f'ggml_lite_emu_sig_{n}() {{ return emu::signature({n}); }}' for n in names]
+    out.append('extern "C" __attribute__((visibility("default"))) const char * '
+               f'ggml_lite_emu_kernels() {{ return "{" ".join(names)}"; }}')
     return "\n".join(out) + "\n"
 
-
+# %% book/11_cuda.ipynb #e5a7c9d1f3
 def emu_compile(code, options=(), name="module"):
-    """The shared library of one CUDA source, compiled by the host compiler on first use and cached
-    by content (the source, the headers next to it, the emulator's header, the flags, the compiler)."""
+    """The shared library of one CUDA source, compiled by the host compiler on first use
+    and cached by content (the source, the headers next to it, the emulator's header,
+    the flags, the compiler)."""
     cxx = emu_compiler()
     if cxx is None:
-        raise GGMLError("emulated CUDA: no C++ compiler (g++ or $CXX) to compile the kernels")
+        raise GGMLError("emulated CUDA: no C++ compiler (g++ or $CXX) to compile the "
+                        "kernels")
     defines = tuple(o for o in options if o.startswith(("-I", "-D")))
     key = _cache_key(code, defines, cxx)
     cache = emu_cache_dir()
@@ -99,47 +114,88 @@ def emu_compile(code, options=(), name="module"):
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         src = Path(tmp) / f"{name}.cu"
         src.write_text(code)
-        inc = ("-include", str(EMU_HEADER))            # by path: the -I options alone say where headers are
-        pre = subprocess.run([cxx, "-x", "c++", "-std=c++17", "-E", "-DGGML_LITE_CUDA_EMU", *inc, *defines, str(src)],
+        # by path: the -I options alone say where headers are
+        inc = ("-include", str(EMU_HEADER))
+        pre = subprocess.run([cxx, "-x", "c++", "-std=c++17", "-E",
+                              "-DGGML_LITE_CUDA_EMU", *inc, *defines, str(src)],
                              capture_output=True, text=True)
         if pre.returncode:
-            raise GGMLError(f"emulated CUDA: preprocessing {name} failed:\n{pre.stderr[-4000:]}")
+            raise GGMLError(f"emulated CUDA: preprocessing {name} "
+                            f"failed:\n{pre.stderr[-4000:]}")
         text = _translate_ptx(pre.stdout)
         names = _KERNEL.findall(text)
         if not names:
-            raise GGMLError(f"emulated CUDA: {name} defines no extern \"C\" __global__ kernel")
+            raise GGMLError(f"emulated CUDA: {name} defines no extern \"C\" __global__ "
+                            "kernel")
         full = Path(tmp) / f"{name}.emu.cpp"
         full.write_text("#define __ggml_lite_emu_kernel__\n" + text + _wrappers(names))
         out = Path(tmp) / so.name
-        r = subprocess.run([cxx, "-x", "c++", *EMU_CXX_FLAGS, str(full), "-o", str(out)], capture_output=True, text=True)
+        r = subprocess.run([cxx, "-x", "c++", *EMU_CXX_FLAGS, str(full), "-o",
+                            str(out)], capture_output=True, text=True)
         if r.returncode:
-            raise GGMLError(f"emulated CUDA: compiling {name} failed:\n{r.stderr[-4000:]}")
-        os.replace(out, so)                                # atomic: a racing process finds a whole file
+            raise GGMLError(f"emulated CUDA: compiling {name} "
+                            f"failed:\n{r.stderr[-4000:]}")
+        os.replace(out, so)  # atomic: a racing process finds a whole file
     EMU_STATS["compiles"] += 1
     EMU_STATS["compile_s"] += time.perf_counter() - start
     return so
 
 # %% book/11_cuda.ipynb #emu-schedule
-_LOCK = threading.Lock()                                   # one launch at a time: the fibers' state is global
+_LOCK = threading.Lock()  # one launch at a time: the fibers' state is global
 _schedule = [os.environ.get("GGML_LITE_CUDA_EMU_SCHEDULE", "forward")]
 
 
 @contextmanager
 def emu_schedule(name):
-    """Run the emulated blocks' threads in the order `name` (forward, reverse, warps) inside the with."""
+    """Run the emulated blocks' threads in the order `name` (forward, reverse, warps)
+    inside the with."""
     if name not in EMU_SCHEDULES:
-        raise GGMLError(f"emulated CUDA: no schedule {name!r} (there are {', '.join(EMU_SCHEDULES)})")
+        raise GGMLError(f"emulated CUDA: no schedule {name!r} (there are "
+                        f"{', '.join(EMU_SCHEDULES)})")
     old, _schedule[0] = _schedule[0], name
     try:
         yield
     finally:
         _schedule[0] = old
 
-# %% book/11_cuda.ipynb #emu-function
+# %% book/11_cuda.ipynb #f6b8d0e2a4
 _FLOAT = {"f": 4, "d": 8}
 _INT = {"p": 8, "q": 8, "i": 4, "h": 2, "b": 1}
 
 
+def _check_launch(fn, grid, block, args, shared_mem):
+    """What a GPU refuses of a launch of fn: (grid, block) padded to 3 dimensions, or
+    GGMLError."""
+    where = f"emulated CUDA: {fn.name}<<<{grid}, {block}>>>"
+    if len(args) != len(fn.signature):
+        raise GGMLError(f"{where}: {len(args)} arguments, the kernel takes "
+                        f"{len(fn.signature)}")
+    for i, (a, code) in enumerate(zip(args, fn.signature)):
+        if code == "?":
+            raise GGMLError(f"{where}: parameter {i} is a struct; the emulator passes "
+                            "scalars and pointers")
+        a = np.asarray(a)
+        if (a.ndim or a.dtype.itemsize != {**_FLOAT, **_INT}[code]
+                or (a.dtype.kind == "f") != (code in _FLOAT)):
+            want = {"p": "a pointer", "f": "float", "d": "double"}.get(
+                code, f"a {8 * _INT.get(code, 0)}-bit integer")
+            raise GGMLError(f"{where}: argument {i} is {a.dtype}, the kernel's "
+                            f"parameter is {want}")
+    if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3) or min(grid) < 1 \
+            or min(block) < 1:
+        raise GGMLError(f"{where}: invalid configuration (every dimension >= 1)")
+    grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+    if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535:
+        raise GGMLError(f"{where}: the grid is beyond CUDA's limits "
+                        "(2^31-1, 65535, 65535)")
+    if np.prod(block) > 1024 or block[0] > 1024 or block[1] > 1024 or block[2] > 64:
+        raise GGMLError(f"{where}: more threads per block than CUDA allows "
+                        "(1024; z at most 64)")
+    if shared_mem:
+        raise GGMLError(f"{where}: dynamic shared memory is not emulated")
+    return grid, block
+
+# %% book/11_cuda.ipynb #emu-function
 class EmuFunction:
     """One kernel of an EmuModule, called as cupy's RawKernel: f(grid, block, args)."""
 
@@ -152,36 +208,15 @@ class EmuFunction:
         sig.restype = ctypes.c_char_p
         self.signature = sig().decode()
 
-    def _check(self, grid, block, args, shared_mem):
-        where = f"emulated CUDA: {self.name}<<<{grid}, {block}>>>"
-        if len(args) != len(self.signature):
-            raise GGMLError(f"{where}: {len(args)} arguments, the kernel takes {len(self.signature)}")
-        for i, (a, code) in enumerate(zip(args, self.signature)):
-            if code == "?":
-                raise GGMLError(f"{where}: parameter {i} is a struct; the emulator passes scalars and pointers")
-            a = np.asarray(a)
-            if a.ndim or a.dtype.itemsize != {**_FLOAT, **_INT}[code] or (a.dtype.kind == "f") != (code in _FLOAT):
-                raise GGMLError(f"{where}: argument {i} is {a.dtype}, the kernel's parameter is "
-                                f"{ {'p': 'a pointer', 'f': 'float', 'd': 'double'}.get(code, f'a {8 * _INT.get(code, 0)}-bit integer')}")
-        if not (1 <= len(grid) <= 3 and 1 <= len(block) <= 3) or min(grid) < 1 or min(block) < 1:
-            raise GGMLError(f"{where}: invalid configuration (every dimension >= 1)")
-        grid, block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-        if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535:
-            raise GGMLError(f"{where}: the grid is beyond CUDA's limits (2^31-1, 65535, 65535)")
-        if np.prod(block) > 1024 or block[0] > 1024 or block[1] > 1024 or block[2] > 64:
-            raise GGMLError(f"{where}: more threads per block than CUDA allows (1024; z at most 64)")
-        if shared_mem:
-            raise GGMLError(f"{where}: dynamic shared memory is not emulated")
-        return grid, block
-
     def __call__(self, grid, block, args, shared_mem=0, stream=None):
-        grid, block = self._check(grid, block, args, shared_mem)
-        slots = np.zeros(max(len(args), 1), np.uint64)           # one 8-byte slot per argument
+        grid, block = _check_launch(self, grid, block, args, shared_mem)
+        slots = np.zeros(max(len(args), 1), np.uint64)  # one 8-byte slot per argument
         raw = slots.view(np.uint8)
         for i, a in enumerate(args):
             b = np.asarray(a).tobytes()
             raw[8 * i:8 * i + len(b)] = np.frombuffer(b, np.uint8)
-        argv = (ctypes.c_void_p * max(len(args), 1))(*[slots.ctypes.data + 8 * i for i in range(len(args))])
+        argv = (ctypes.c_void_p * max(len(args), 1))(
+            *[slots.ctypes.data + 8 * i for i in range(len(args))])
         dims = np.array(grid + block, np.int64)
         start = time.perf_counter()
         with _LOCK:
@@ -196,7 +231,8 @@ class EmuFunction:
 
 # %% book/11_cuda.ipynb #emu-module
 class EmuModule:
-    """cupy.RawModule's stand-in: the CUDA source compiled for the CPU, its kernels by name."""
+    """cupy.RawModule's stand-in: the CUDA source compiled for the CPU, its kernels by
+    name."""
 
     def __init__(self, code, options=(), name_expressions=None, name="module"):
         self.path = emu_compile(code, tuple(options), name)
@@ -209,7 +245,8 @@ class EmuModule:
 
     def get_function(self, name):
         if name not in self.kernels:
-            raise GGMLError(f"emulated CUDA: no kernel {name!r} in this module (it has {', '.join(self.kernels)})")
+            raise GGMLError(f"emulated CUDA: no kernel {name!r} in this module (it has "
+                            f"{', '.join(self.kernels)})")
         return EmuFunction(self, name)
 
 # %% book/11_cuda.ipynb #emu-memory
@@ -218,7 +255,8 @@ class _Pointer(SimpleNamespace):
 
 
 class EmuArray(np.ndarray):
-    """A numpy array over emulated device memory; .data.ptr is its address, as a cupy array's."""
+    """A numpy array over emulated device memory; .data.ptr is its address, as a cupy
+    array's."""
 
     @property
     def data(self):
@@ -226,8 +264,9 @@ class EmuArray(np.ndarray):
 
 
 def _host_memory(size, fill):
-    """size bytes of host memory at a 256-byte aligned address (cudaMalloc's alignment), filled with
-    `fill`: 0xff for device memory, so a read of something never written shows as NaN."""
+    """size bytes of host memory at a 256-byte aligned address (cudaMalloc's alignment),
+    filled with `fill`: 0xff for device memory, so a read of something never written
+    shows as NaN."""
     raw = np.full(size + 256, fill, np.uint8)
     off = (-raw.ctypes.data) % 256
     return raw, raw.ctypes.data + off
@@ -240,10 +279,10 @@ class _Memory:
         self.size = size
         self._raw, self.ptr = _host_memory(size, 0xff)
 
-
+# %% book/11_cuda.ipynb #d4f6a8c0e2
 class _Context:
-    """Device, Stream and Event in one: the emulated device runs each launch and copy when it is
-    issued, so there is nothing to order and nothing to wait for."""
+    """Device, Stream and Event in one: the emulated device runs each launch and copy
+    when it is issued, so there is nothing to order and nothing to wait for."""
 
     def __init__(self, *args, **kwargs):
         self.ptr = 0
@@ -270,20 +309,24 @@ class _EmuRuntimeError(RuntimeError):
 
 def _device_count():
     if emu_compiler() is None:
-        raise _EmuRuntimeError("the emulated device needs a C++ compiler (g++ or $CXX) and there is none")
+        raise _EmuRuntimeError("the emulated device needs a C++ compiler (g++ or $CXX) "
+                               "and there is none")
     return 1
 
 
 def _properties(device_id):
-    return {"name": EMU_DESCRIPTION.encode(), "integrated": 0, "pciBusID": 0, "pciDeviceID": 0, "pciDomainID": 0}
+    return {"name": EMU_DESCRIPTION.encode(), "integrated": 0, "pciBusID": 0,
+            "pciDeviceID": 0, "pciDomainID": 0}
 
 # %% book/11_cuda.ipynb #emu-arrays
 def _as_array(ptr, shape, dtype, strides=None):
-    """cupy.ndarray(shape, dtype, memptr, strides): a view of emulated device memory, no copy."""
+    """cupy.ndarray(shape, dtype, memptr, strides): a view of emulated device memory, no
+    copy."""
     dtype = np.dtype(dtype)
     shape = tuple(shape)
     if strides is None:
-        strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize
+                        for i in range(len(shape)))
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 0
     buf = (ctypes.c_char * max(span + dtype.itemsize, 1)).from_address(ptr)
     return np.ndarray(shape, dtype, buffer=buf, strides=strides).view(EmuArray)
@@ -293,20 +336,21 @@ def _empty(shape, dtype=np.float32):
     n = int(np.prod(shape)) * np.dtype(dtype).itemsize
     raw, ptr = _host_memory(n, 0xff)
     a = _as_array(ptr, (shape,) if isinstance(shape, int) else shape, dtype)
-    a._owner = raw                                                # numpy views keep no ctypes owner
+    a._owner = raw  # numpy views keep no ctypes owner
     return a
 
 
 def _pinned(size):
-    raw = bytearray(size + 4096)                                  # page-aligned, as cudaHostAlloc's
+    raw = bytearray(size + 4096)  # page-aligned, as cudaHostAlloc's
     off = (-ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))) % 4096
     return memoryview(raw)[off:off + size]
 
 
 def emu_host_gemm(a, b):
-    """What stands in for cuBLAS: the emulated device has no cuBLAS, so a batched product is a
-    host GEMM (numpy's matmul, accumulating in F32), F16 inputs giving an F16 result as cuBLAS's
-    GemmEx does. Labelled as such wherever the chapter shows it."""
+    """What stands in for cuBLAS: the emulated device has no cuBLAS, so a batched
+    product is a host GEMM (numpy's matmul, accumulating in F32), F16 inputs giving
+    an F16 result as cuBLAS's GemmEx does. Labelled as such wherever the chapter
+    shows it."""
     out = np.matmul(np.asarray(a, np.float32), np.asarray(b, np.float32))
     return out.astype(np.result_type(a.dtype, b.dtype)).view(EmuArray)
 
@@ -317,20 +361,26 @@ def _memcpy(dst, src, size, kind=None, stream=None):
 
 @functools.lru_cache(maxsize=None)
 def emulated_cupy():
-    """The module-like object that kernels.import_cupy returns on the emulated device: the parts of
-    cupy the backend uses (runtime calls, streams, events, memory, RawModule, arrays, matmul)."""
+    """The module-like object that kernels.import_cupy returns on the emulated device:
+    the parts of cupy the backend uses (runtime calls, streams, events, memory,
+    RawModule, arrays, matmul)."""
     runtime = SimpleNamespace(
-        CUDARuntimeError=_EmuRuntimeError, getDeviceCount=_device_count, getDeviceProperties=_properties,
+        CUDARuntimeError=_EmuRuntimeError, getDeviceCount=_device_count,
+        getDeviceProperties=_properties,
         memGetInfo=lambda: (8 << 30, 8 << 30),
-        memcpyAsync=_memcpy, memcpyPeerAsync=lambda dst, dd, src, sd, size, stream: _memcpy(dst, src, size),
+        memcpyAsync=_memcpy,
+        memcpyPeerAsync=lambda dst, dd, src, sd, size, stream: _memcpy(dst, src, size),
         memsetAsync=lambda ptr, value, size, stream: ctypes.memset(ptr, value, size),
         streamSynchronize=lambda stream: None)
     cuda = SimpleNamespace(
-        runtime=runtime, Device=_Context, Stream=_Context, Event=_Context, Memory=_Memory,
-        get_current_stream=_Context, alloc_pinned_memory=_pinned,
-        UnownedMemory=lambda ptr, size, owner, device_id: _Pointer(ptr=ptr, owner=owner),
+        runtime=runtime, Device=_Context, Stream=_Context, Event=_Context,
+        Memory=_Memory, get_current_stream=_Context, alloc_pinned_memory=_pinned,
+        UnownedMemory=lambda ptr, size, owner, device_id: _Pointer(ptr=ptr,
+                                                                   owner=owner),
         MemoryPointer=lambda mem, offset: _Pointer(ptr=mem.ptr + offset))
     return SimpleNamespace(
-        __name__="ggml_lite.backends.cuda.emu (cupy's stand-in)", cuda=cuda, RawModule=EmuModule, empty=_empty,
-        ndarray=lambda shape, dtype, memptr, strides=None: _as_array(memptr.ptr, shape, dtype, strides),
+        __name__="ggml_lite.backends.cuda.emu (cupy's stand-in)", cuda=cuda,
+        RawModule=EmuModule, empty=_empty,
+        ndarray=lambda shape, dtype, memptr, strides=None: _as_array(memptr.ptr, shape,
+                                                                     dtype, strides),
         matmul=emu_host_gemm)

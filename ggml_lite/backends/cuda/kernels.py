@@ -16,23 +16,27 @@ from ggml_lite.backends.cpu.ops import rope_yarn_corr_dims
 from ggml_lite.backends.cuda.emu import EMU_ENV, emulated_cupy
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import ROPE_TYPE_NEOX, Op, Prec, UnaryOp, get_unary_op
-from ggml_lite.tensor import get_op_params_f32, get_op_params_i32, is_contiguous, nbytes, nelements, nrows
+from ggml_lite.tensor import (get_op_params_f32, get_op_params_i32, is_contiguous,
+                              nbytes, nelements, nrows)
 from ggml_lite.types import Type, is_quantized, type_name, type_size
 
-# the .cu files sit next to this module; found through the package, since a notebook cell has no __file__
+# the .cu files sit next to this module; found through the package, since a notebook
+# cell has no __file__
 KERNEL_DIR = Path(str(resources.files("ggml_lite.backends.cuda")))
-KERNEL_FILES = ("quantize.cu", "mmvq.cu", "convert.cu", "getrows.cu", "cpy.cu", "norm.cu", "rope.cu",
-                "softmax.cu", "elementwise.cu", "setrows.cu")
+KERNEL_FILES = ("quantize.cu", "mmvq.cu", "convert.cu", "getrows.cu", "cpy.cu",
+                "norm.cu", "rope.cu", "softmax.cu", "elementwise.cu", "setrows.cu")
 
 
 def cuda_emulated():
-    """True when the emulated device stands in for a GPU: GGML_LITE_CUDA_EMU=1 (see "Without a GPU")."""
+    """True when the emulated device stands in for a GPU: GGML_LITE_CUDA_EMU=1 (see
+    "Without a GPU")."""
     return os.environ.get(EMU_ENV) == "1"
 
 
 def import_cupy():
-    """cupy, imported on first use: nothing else in ggml_lite imports it, so the package works without
-    it. On the emulated device, the emulator's stand-in for it, so the code path is the same."""
+    """cupy, imported on first use: nothing else in ggml_lite imports it, so the package
+    works without it. On the emulated device, the emulator's stand-in for it, so the
+    code path is the same."""
     if cuda_emulated():
         return emulated_cupy()
     import cupy
@@ -40,7 +44,8 @@ def import_cupy():
 
 
 def cuda_emulate_unless_gpu():
-    """Switch the emulated device on (GGML_LITE_CUDA_EMU=1) unless cupy sees a GPU. True if emulated."""
+    """Switch the emulated device on (GGML_LITE_CUDA_EMU=1) unless cupy sees a GPU. True
+    if emulated."""
     if not cuda_emulated():
         try:
             gpus = import_cupy().cuda.runtime.getDeviceCount()
@@ -55,10 +60,12 @@ def cuda_emulate_unless_gpu():
 def _raw_module(device_id, file, emulated):
     cp = import_cupy()
     if file not in KERNEL_FILES:
-        raise GGMLError(f"cuda kernels: no kernel file {file!r} (there are {', '.join(KERNEL_FILES)})")
+        raise GGMLError(f"cuda kernels: no kernel file {file!r} (there are "
+                        f"{', '.join(KERNEL_FILES)})")
     common = hashlib.sha1((KERNEL_DIR / "common.cuh").read_bytes()).hexdigest()[:16]
-    # compiled by NVRTC on first use and cached on disk by cupy, keyed by the source and the
-    # options but not by the headers it includes: the -D names common.cuh's version in the key
+    # compiled by NVRTC on first use and cached on disk by cupy, keyed by the source
+    # and the options but not by the headers it includes: the -D puts common.cuh's
+    # version in the key
     options = (f"-I{KERNEL_DIR}", f"-DGGML_LITE_COMMON_CUH={common}")
     with cp.cuda.Device(device_id):
         return cp.RawModule(code=(KERNEL_DIR / file).read_text(), options=options)
@@ -72,21 +79,25 @@ def _kernel(device_id, file, name, emulated):
 
 
 def cuda_kernel(device_id, file, name):
-    """The kernel `name` of `file` (one of KERNEL_FILES), compiled for device device_id (or for the
-    emulated device: the caches are kept apart, so switching GGML_LITE_CUDA_EMU is safe)."""
+    """The kernel `name` of `file` (one of KERNEL_FILES), compiled for device device_id
+    (or for the emulated device: the caches are kept apart, so switching
+    GGML_LITE_CUDA_EMU is safe)."""
     return _kernel(device_id, file, name, cuda_emulated())
 
 
 def cuda_launch(kernel, grid, block, args, shared_mem=0):
-    """Launch on the current cupy stream (the backend makes its own stream current for a whole
-    graph) with ggml's grid and block. args are numpy scalars of the C parameter types: cupy
-    would pass a Python int as 64 bits and a float as a double, whatever the kernel expects."""
+    """Launch on the current cupy stream (the backend makes its own stream current for a
+    whole graph) with ggml's grid and block. args are numpy scalars of the C parameter
+    types: cupy would pass a Python int as 64 bits and a float as a double, whatever the
+    kernel expects."""
     for a in args:
         if not isinstance(a, np.generic):
-            raise GGMLError(f"cuda_launch: argument {a!r} of kernel {getattr(kernel, 'name', '?')} is a "
-                            f"{type(a).__name__}; pass numpy scalars (np.int32, np.int64, np.float32, "
-                            f"np.uint64 for pointers)")
-    kernel(tuple(int(g) for g in grid), tuple(int(b) for b in block), tuple(args), shared_mem=shared_mem)
+            raise GGMLError(f"cuda_launch: argument {a!r} of kernel "
+                            f"{getattr(kernel, 'name', '?')} is a {type(a).__name__}; "
+                            "pass numpy scalars (np.int32, np.int64, np.float32, "
+                            "np.uint64 for pointers)")
+    kernel(tuple(int(g) for g in grid), tuple(int(b) for b in block), tuple(args),
+           shared_mem=shared_mem)
 
 # %% book/11_cuda.ipynb #cuda-launch-helpers
 _i32, _i64, _u32, _f32 = np.int32, np.int64, np.uint32, np.float32
@@ -94,7 +105,8 @@ _i32, _i64, _u32, _f32 = np.int32, np.int64, np.uint32, np.float32
 
 def _ptr(t_or_address):
     """A device pointer argument: a tensor's data address, or an address."""
-    return np.uint64(t_or_address if isinstance(t_or_address, int) else t_or_address.data)
+    return np.uint64(t_or_address if isinstance(t_or_address, int)
+                     else t_or_address.data)
 
 
 def _cdiv(a, b):
@@ -106,23 +118,25 @@ def _pad(x, n):
 
 
 def _elements(nb, t):
-    """Byte strides as element strides of t's type (the kernels index typed pointers)."""
+    """Byte strides as element strides of t's type (kernels index typed pointers)."""
     size = type_size(t.type)
     if any(n % size for n in nb):
-        raise GGMLError(f"cuda: the strides nb={tuple(nb)} of '{t.name}' are not multiples of its "
-                        f"element size {size}")
+        raise GGMLError(f"cuda: the strides nb={tuple(nb)} of '{t.name}' are not "
+                        f"multiples of its element size {size}")
     return [n // size for n in nb]
 
 # %% book/11_cuda.ipynb #cuda-view
 def cuda_view(t, dtype, device_id):
-    """A cupy array over t's device memory, shaped (ne3, ne2, ne1, ne0) with t's byte strides (no copy)."""
+    """A cupy array over t's device memory, shaped (ne3, ne2, ne1, ne0) with t's byte
+    strides (no copy)."""
     cp = import_cupy()
     mem = cp.cuda.UnownedMemory(t.data, max(nbytes(t), 1), t, device_id)
     return cp.ndarray(tuple(reversed(t.ne)), dtype, cp.cuda.MemoryPointer(mem, 0),
                       strides=tuple(reversed(t.nb)))
 
 # %% book/11_cuda.ipynb #cuda-op-elementwise
-_BIN_KERNELS = {Op.ADD: "add_f32", Op.SUB: "sub_f32", Op.MUL: "mul_f32", Op.DIV: "div_f32"}
+_BIN_KERNELS = {Op.ADD: "add_f32", Op.SUB: "sub_f32", Op.MUL: "mul_f32",
+                Op.DIV: "div_f32"}
 
 
 def cuda_op_bin_bcast(ctx, dst):
@@ -132,14 +146,17 @@ def cuda_op_bin_bcast(ctx, dst):
     args = [_ptr(src0), _ptr(src1), _ptr(dst), *map(_i64, dst.ne), *map(_i64, src1.ne),
             *map(_i64, _elements(dst.nb, dst)), *map(_i64, _elements(src0.nb, src0)),
             *map(_i64, _elements(src1.nb, src1))]
-    cuda_launch(ctx.kernel("elementwise.cu", _BIN_KERNELS[dst.op]), (_cdiv(ne, 256),), (256,), args)
+    cuda_launch(ctx.kernel("elementwise.cu", _BIN_KERNELS[dst.op]), (_cdiv(ne, 256),),
+                (256,), args)
 
 
 def cuda_op_scale(ctx, dst):
     """SCALE: x * s + b over contiguous values."""
     ne = nelements(dst)
-    args = [_ptr(dst.src[0]), _ptr(dst), _f32(get_op_params_f32(dst, 0)), _f32(get_op_params_f32(dst, 1)), _i64(ne)]
-    cuda_launch(ctx.kernel("elementwise.cu", "scale_f32"), (_cdiv(ne, 256),), (256,), args)
+    args = [_ptr(dst.src[0]), _ptr(dst), _f32(get_op_params_f32(dst, 0)),
+            _f32(get_op_params_f32(dst, 1)), _i64(ne)]
+    cuda_launch(ctx.kernel("elementwise.cu", "scale_f32"), (_cdiv(ne, 256),), (256,),
+                args)
 
 
 def cuda_op_unary(ctx, dst):
@@ -147,11 +164,13 @@ def cuda_op_unary(ctx, dst):
     name = {UnaryOp.SILU: "silu", UnaryOp.GELU: "gelu"}[get_unary_op(dst)]
     ne = nelements(dst)
     kernel = ctx.kernel("elementwise.cu", f"{name}_{type_name(dst.type)}")
-    cuda_launch(kernel, (_cdiv(ne, 256),), (256,), [_ptr(dst.src[0]), _ptr(dst), _i64(ne)])
+    cuda_launch(kernel, (_cdiv(ne, 256),), (256,),
+                [_ptr(dst.src[0]), _ptr(dst), _i64(ne)])
 
 
 def cuda_op_swiglu(ctx, dst):
-    """GLU SWIGLU: silu(x) * g, x and g the two halves of src0's rows (swapped: g first) or src0 and src1."""
+    """GLU SWIGLU: silu(x) * g, x and g the two halves of src0's rows (swapped: g first)
+    or src0 and src1."""
     src0, src1 = dst.src[0], dst.src[1]
     size = type_size(src0.type)
     nc = src0.ne[0] if src1 is not None else src0.ne[0] // 2
@@ -163,11 +182,13 @@ def cuda_op_swiglu(ctx, dst):
     o1 = (src1.nb[1] if src1 is not None else src0.nb[1]) // size
     ne = nelements(dst)
     args = [_ptr(x), _ptr(g), _ptr(dst), _i64(ne), _i64(nc), _i64(o0), _i64(o1)]
-    cuda_launch(ctx.kernel("elementwise.cu", f"swiglu_{type_name(dst.type)}"), (_cdiv(ne, 256),), (256,), args)
+    cuda_launch(ctx.kernel("elementwise.cu", f"swiglu_{type_name(dst.type)}"),
+                (_cdiv(ne, 256),), (256,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-norm
 def cuda_op_norm(ctx, dst):
-    """NORM and RMS_NORM: one block per row, 32 (NORM) or 256 (RMS_NORM) threads, 1024 for rows of >= 1024."""
+    """NORM and RMS_NORM: one block per row, 32 (NORM) or 256 (RMS_NORM) threads, 1024
+    for rows of >= 1024."""
     src0 = dst.src[0]
     ncols = src0.ne[0]
     s01, s02, s03 = _elements(src0.nb[1:], src0)
@@ -175,33 +196,41 @@ def cuda_op_norm(ctx, dst):
         name, threads = "norm_f32", (32 if ncols < 1024 else 1024)
     else:
         name, threads = "rms_norm_f32", (256 if ncols < 1024 else 1024)
-    args = [_ptr(src0), _ptr(dst), _i32(ncols), _i64(s01), _i64(s02), _i64(s03), _f32(get_op_params_f32(dst, 0))]
-    cuda_launch(ctx.kernel("norm.cu", name), (src0.ne[1], src0.ne[2], src0.ne[3]), (threads,), args)
+    args = [_ptr(src0), _ptr(dst), _i32(ncols), _i64(s01), _i64(s02), _i64(s03),
+            _f32(get_op_params_f32(dst, 0))]
+    cuda_launch(ctx.kernel("norm.cu", name), (src0.ne[1], src0.ne[2], src0.ne[3]),
+                (threads,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-rope
 def cuda_op_rope(ctx, dst):
-    """ROPE, normal or NeoX, F32 or F16: one thread per pair, grid (rows, ceil(ne0 / 512)), block (1, 256)."""
+    """ROPE, normal or NeoX, F32 or F16: one thread per pair, grid (rows, ceil(ne0 /
+    512)), block (1, 256)."""
     src0, pos, freq_factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode, n_ctx_orig = (get_op_params_i32(dst, i) for i in (1, 2, 4))
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (
         np.float32(get_op_params_f32(dst, i)) for i in range(5, 11))
-    corr_low, corr_high = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)       # powf(freq_base, -2.0f/n_dims)
+    corr_low, corr_high = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast,
+                                              beta_slow)
+    # powf(freq_base, -2.0f/n_dims)
+    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
     kind = "neox" if mode & ROPE_TYPE_NEOX else "norm"
     ne00, ne01, ne02, _ = src0.ne
     args = [_ptr(src0), _ptr(dst), _i32(ne00), _i32(ne01), _i32(ne02),
-            *map(_i32, _elements(src0.nb[1:], src0)), *map(_i32, _elements(dst.nb[1:], dst)), _i32(n_dims),
-            _ptr(pos), _f32(freq_scale), _f32(ext_factor), _f32(attn_factor), _f32(corr_low), _f32(corr_high),
-            _f32(theta_scale), _ptr(freq_factors.data if freq_factors is not None else 0)]
+            *map(_i32, _elements(src0.nb[1:], src0)),
+            *map(_i32, _elements(dst.nb[1:], dst)), _i32(n_dims), _ptr(pos),
+            _f32(freq_scale), _f32(ext_factor), _f32(attn_factor), _f32(corr_low),
+            _f32(corr_high), _f32(theta_scale),
+            _ptr(freq_factors.data if freq_factors is not None else 0)]
     kernel = ctx.kernel("rope.cu", f"rope_{kind}_{type_name(dst.type)}")
     cuda_launch(kernel, (nrows(src0), _cdiv(ne00, 2 * 256)), (1, 256), args)
 
 # %% book/11_cuda.ipynb #cuda-op-softmax
 def cuda_op_soft_max(ctx, dst):
-    """SOFT_MAX with mask, scale, ALiBi and sinks: one block per row of the smallest power of 2
-    >= ne0 threads (32 to 1024)."""
+    """SOFT_MAX with mask, scale, ALiBi and sinks: one block per row of the smallest
+    power of 2 >= ne0 threads (32 to 1024)."""
     src0, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
-    scale, max_bias = np.float32(get_op_params_f32(dst, 0)), np.float32(get_op_params_f32(dst, 1))
+    scale = np.float32(get_op_params_f32(dst, 0))
+    max_bias = np.float32(get_op_params_f32(dst, 1))
     ne00, ne01, ne02, ne03 = src0.ne
     n_head_log2 = 1 << int(np.floor(np.log2(np.float32(ne02))))
     m0 = np.float32(2.0) ** (-max_bias / np.float32(n_head_log2))
@@ -210,12 +239,18 @@ def cuda_op_soft_max(ctx, dst):
     while threads < ne00 and threads < 1024:
         threads *= 2
     if mask is not None:
-        mask_args = [_i64(mask.nb[1]), _i64(mask.nb[2]), _i64(mask.nb[3]), _i64(mask.ne[2]), _i64(mask.ne[3])]
+        mask_args = [_i64(mask.nb[1]), _i64(mask.nb[2]), _i64(mask.nb[3]),
+                     _i64(mask.ne[2]), _i64(mask.ne[3])]
     else:
         mask_args = [_i64(0), _i64(0), _i64(0), _i64(1), _i64(1)]
-    args = [_ptr(src0), _ptr(mask.data if mask is not None else 0), _ptr(sinks.data if sinks is not None else 0),
-            _ptr(dst), _i32(ne00), *mask_args, _f32(scale), _f32(max_bias), _u32(n_head_log2), _f32(m0), _f32(m1)]
-    name = "soft_max_f32_mask_f16" if mask is not None and mask.type == Type.F16 else "soft_max_f32_mask_f32"
+    args = [_ptr(src0), _ptr(mask.data if mask is not None else 0),
+            _ptr(sinks.data if sinks is not None else 0), _ptr(dst), _i32(ne00),
+            *mask_args, _f32(scale), _f32(max_bias), _u32(n_head_log2), _f32(m0),
+            _f32(m1)]
+    if mask is not None and mask.type == Type.F16:
+        name = "soft_max_f32_mask_f16"
+    else:
+        name = "soft_max_f32_mask_f32"
     cuda_launch(ctx.kernel("softmax.cu", name), (ne01, ne02, ne03), (threads,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-get-rows
@@ -224,30 +259,36 @@ GET_ROWS_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.BF16: "bf16", Type.I32:
 
 
 def cuda_op_get_rows(ctx, dst):
-    """GET_ROWS: grid (picked rows, values / 256 or / 512 for two per thread, ne11*ne12), block 256."""
+    """GET_ROWS: grid (picked rows, values / 256 or / 512 for two per thread,
+    ne11*ne12), block 256."""
     src0, src1 = dst.src[0], dst.src[1]
     ne00 = src0.ne[0]
     ne10, ne11, ne12 = src1.ne[0], src1.ne[1], src1.ne[2]
     per_thread = 2 if is_quantized(src0.type) else 1
     grid = (ne10, min(_cdiv(ne00, per_thread * 256), 65535), min(ne11 * ne12, 65535))
     args = [_ptr(src0), _ptr(src1), _ptr(dst), _i64(ne00), _i64(ne11), _i64(ne12),
-            *map(_i64, _elements(dst.nb[1:], dst)), *map(_i64, src0.nb[1:]), *map(_i64, _elements(src1.nb[:3], src1))]
-    cuda_launch(ctx.kernel("getrows.cu", f"get_rows_{GET_ROWS_TYPES[src0.type]}"), grid, (256,), args)
+            *map(_i64, _elements(dst.nb[1:], dst)), *map(_i64, src0.nb[1:]),
+            *map(_i64, _elements(src1.nb[:3], src1))]
+    cuda_launch(ctx.kernel("getrows.cu", f"get_rows_{GET_ROWS_TYPES[src0.type]}"), grid,
+                (256,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-set-rows
 SET_ROWS_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.BF16: "bf16"}
 
 
 def cuda_op_set_rows(ctx, dst):
-    """SET_ROWS: one thread per value of src0 (F32), blocks of 256; dst F32, F16 or BF16."""
+    """SET_ROWS: one thread per value of src0 (F32), blocks of 256; dst F32, F16 or
+    BF16."""
     src0, src1 = dst.src[0], dst.src[1]
     n = nelements(src0)
     if n == 0:
         return
     idx = "i64" if src1.type == Type.I64 else "i32"
-    args = [_ptr(src0), _ptr(src1), _ptr(dst), *map(_i64, src0.ne), _i64(dst.ne[1]), _i64(src1.ne[1]),
-            _i64(src1.ne[2]), *map(_i64, src0.nb[1:]), *map(_i64, _elements(src1.nb[:3], src1)), *map(_i64, dst.nb[1:])]
-    cuda_launch(ctx.kernel("setrows.cu", f"set_rows_{SET_ROWS_TYPES[dst.type]}_{idx}"), (_cdiv(n, 256),), (256,), args)
+    args = [_ptr(src0), _ptr(src1), _ptr(dst), *map(_i64, src0.ne), _i64(dst.ne[1]),
+            _i64(src1.ne[1]), _i64(src1.ne[2]), *map(_i64, src0.nb[1:]),
+            *map(_i64, _elements(src1.nb[:3], src1)), *map(_i64, dst.nb[1:])]
+    cuda_launch(ctx.kernel("setrows.cu", f"set_rows_{SET_ROWS_TYPES[dst.type]}_{idx}"),
+                (_cdiv(n, 256),), (256,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-cpy
 CPY_FLOAT_TYPES = {Type.F32: "f32", Type.F16: "f16", Type.BF16: "bf16"}
@@ -255,17 +296,21 @@ CPY_QUANT_TYPES = {Type.Q8_0: "q8_0", Type.Q4_0: "q4_0"}
 
 
 def cuda_op_cpy(ctx, src0, dst):
-    """CPY, DUP, CONT: src0's values into dst's type and layout, element by element in logical order;
-    to and from Q8_0 and Q4_0 one block per thread; the same type, both contiguous, as one memcpy."""
+    """CPY, DUP, CONT: src0's values into dst's type and layout, element by element in
+    logical order; to and from Q8_0 and Q4_0 one block per thread; the same type, both
+    contiguous, as one memcpy."""
     ne = nelements(src0)
     if src0.type == dst.type and is_contiguous(src0) and is_contiguous(dst):
         cp = import_cupy()
-        cp.cuda.runtime.memcpyAsync(dst.data, src0.data, nbytes(src0), 3, cp.cuda.get_current_stream().ptr)
+        cp.cuda.runtime.memcpyAsync(dst.data, src0.data, nbytes(src0), 3,
+                                    cp.cuda.get_current_stream().ptr)
         return
-    args = [_ptr(src0), _ptr(dst), _i64(ne), _i64(src0.ne[0]), _i64(src0.ne[1]), _i64(src0.ne[2]),
-            *map(_i64, src0.nb), _i64(dst.ne[0]), _i64(dst.ne[1]), _i64(dst.ne[2]), *map(_i64, dst.nb)]
+    args = [_ptr(src0), _ptr(dst), _i64(ne), _i64(src0.ne[0]), _i64(src0.ne[1]),
+            _i64(src0.ne[2]), *map(_i64, src0.nb), _i64(dst.ne[0]), _i64(dst.ne[1]),
+            _i64(dst.ne[2]), *map(_i64, dst.nb)]
     if src0.type in CPY_FLOAT_TYPES and dst.type in CPY_FLOAT_TYPES:
-        name, grid, block = f"cpy_{CPY_FLOAT_TYPES[src0.type]}_{CPY_FLOAT_TYPES[dst.type]}", _cdiv(ne, 64), 64
+        name = f"cpy_{CPY_FLOAT_TYPES[src0.type]}_{CPY_FLOAT_TYPES[dst.type]}"
+        grid, block = _cdiv(ne, 64), 64
     elif src0.type == Type.I32 and dst.type == Type.I32:
         name, grid, block = "cpy_i32_i32", _cdiv(ne, 64), 64
     elif src0.type == Type.F32:
@@ -275,34 +320,39 @@ def cuda_op_cpy(ctx, src0, dst):
     cuda_launch(ctx.kernel("cpy.cu", name), (grid,), (block,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-mmvq
-MATRIX_ROW_PADDING = 512        # activations' rows padded to this before quantizing (ggml-cuda/common.cuh)
+# activations' rows padded to this before quantizing (ggml-cuda/common.cuh)
+MATRIX_ROW_PADDING = 512
 MMVQ_MAX_BATCH_SIZE = 8         # columns of src1 the mat-vec kernels take at once
-MMVQ_TYPES = {Type.Q4_0: "q4_0", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K"}
+MMVQ_TYPES = {Type.Q4_0: "q4_0", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K",
+              Type.Q6_K: "q6_K"}
 _Q8_1_BLOCK_BYTES = 36
 
 
 def mmvq_launch_dims(ncols_dst, nrows_x, nchannels_dst, nsamples_dst):
-    """ggml's calc_launch_params for NVIDIA since Ampere: 4 warps for 1-4 columns, 2 for 5-8;
-    1 row per block for one column, else 2. (grid, block)."""
+    """ggml's calc_launch_params for NVIDIA since Ampere: 4 warps for 1-4 columns, 2 for
+    5-8; 1 row per block for one column, else 2. (grid, block)."""
     nwarps = 4 if ncols_dst <= 4 else 2
     rows_per_block = 1 if ncols_dst == 1 else 2
     return (_cdiv(nrows_x, rows_per_block), nchannels_dst, nsamples_dst), (32, nwarps)
 
 
 def cuda_quantize_q8_1(ctx, src1):
-    """src1 (F32, rows of ne10) as Q8_1 rows of ne10 padded to 512 values, in a scratch buffer."""
+    """src1 (F32, rows of ne10) as Q8_1 rows of ne10 padded to 512 values, in a scratch
+    buffer."""
     ne10, ne11, ne12, ne13 = src1.ne
     ne10_padded = _pad(ne10, MATRIX_ROW_PADDING)
     q8 = ctx.pool_alloc(ne13 * ne12 * ne11 * ne10_padded // 32 * _Q8_1_BLOCK_BYTES)
     s11, s12, s13 = _elements(src1.nb[1:], src1)
-    args = [_ptr(src1), _ptr(q8.data.ptr), _i64(ne10), _i64(s11), _i64(s12), _i64(s13), _i64(ne10_padded),
-            _i32(ne11), _i32(ne12)]
-    cuda_launch(ctx.kernel("quantize.cu", "quantize_q8_1"), (_cdiv(ne10_padded, 256), ne11, ne12 * ne13), (256,), args)
+    args = [_ptr(src1), _ptr(q8.data.ptr), _i64(ne10), _i64(s11), _i64(s12), _i64(s13),
+            _i64(ne10_padded), _i32(ne11), _i32(ne12)]
+    cuda_launch(ctx.kernel("quantize.cu", "quantize_q8_1"),
+                (_cdiv(ne10_padded, 256), ne11, ne12 * ne13), (256,), args)
     return q8, ne10_padded
 
 
 def cuda_mul_mat_vec_q_launch(ctx, dst, q8_ptr, ne10_padded):
-    """The mat-vec kernel of dst = src0 · src1, src1 already quantized (Q8_1) at q8_ptr."""
+    """The mat-vec kernel of dst = src0 · src1, src1 already quantized (Q8_1) at
+    q8_ptr."""
     src0, src1 = dst.src[0], dst.src[1]
     s01, s02, s03 = (nb // type_size(src0.type) for nb in src0.nb[1:])    # in blocks
     s1, s2, s3 = _elements(dst.nb[1:], dst)
@@ -313,65 +363,78 @@ def cuda_mul_mat_vec_q_launch(ctx, dst, q8_ptr, ne10_padded):
     grid, block = mmvq_launch_dims(ncols_dst, src0.ne[1], nchannels_dst, nsamples_dst)
     args = [_ptr(src0), _ptr(q8_ptr), _ptr(dst), _i32(src0.ne[0]), _i32(src0.ne[1]),
             _i32(s01), _i32(stride_col_y), _i32(s1),
-            _i32(nchannels_dst // src0.ne[2]), _i32(s02), _i32(stride_channel_y), _i32(s2),
-            _i32(nsamples_dst // src0.ne[3]), _i32(s03), _i32(stride_sample_y), _i32(s3)]
+            _i32(nchannels_dst // src0.ne[2]), _i32(s02), _i32(stride_channel_y),
+            _i32(s2), _i32(nsamples_dst // src0.ne[3]), _i32(s03),
+            _i32(stride_sample_y), _i32(s3)]
     name = f"mul_mat_vec_{MMVQ_TYPES[src0.type]}_q8_1_{ncols_dst}"
     cuda_launch(ctx.kernel("mmvq.cu", name), grid, block, args)
 
 
 def cuda_op_mul_mat_vec_q(ctx, dst):
-    """MUL_MAT of Q4_0, Q8_0, Q4_K, Q6_K weights by 1 to 8 F32 columns (ggml_cuda_mul_mat_vec_q)."""
+    """MUL_MAT of Q4_0, Q8_0, Q4_K, Q6_K weights by 1 to 8 F32 columns
+    (ggml_cuda_mul_mat_vec_q)."""
     q8, ne10_padded = cuda_quantize_q8_1(ctx, dst.src[1])
     cuda_mul_mat_vec_q_launch(ctx, dst, q8.data.ptr, ne10_padded)
 
 # %% book/11_cuda.ipynb #cuda-op-cublas
-DEQUANTIZE_TYPES = {Type.Q4_0: "q4_0", Type.Q4_1: "q4_1", Type.Q8_0: "q8_0", Type.Q4_K: "q4_K", Type.Q6_K: "q6_K"}
+DEQUANTIZE_TYPES = {Type.Q4_0: "q4_0", Type.Q4_1: "q4_1", Type.Q8_0: "q8_0",
+                    Type.Q4_K: "q4_K", Type.Q6_K: "q6_K"}
 
 
 def cuda_dequantize_into(ctx, src0, out_ptr, f16):
-    """Launch convert.cu's dequantizer: the quantized src0 as dense F16 (or F32) values at out_ptr."""
+    """Launch convert.cu's dequantizer: the quantized src0 as dense F16 (or F32) values
+    at out_ptr."""
     ne00, ne01, ne02, ne03 = src0.ne
-    s01, s02, s03 = (nb // type_size(src0.type) for nb in src0.nb[1:])        # in blocks
-    kernel = ctx.kernel("convert.cu", f"dequantize_{DEQUANTIZE_TYPES[src0.type]}_{'f16' if f16 else 'f32'}")
-    args = [_ptr(src0), _ptr(out_ptr), _i64(ne00), _i64(ne01), _i64(ne02), _i64(ne02 * ne03),
-            _i64(s01), _i64(s02), _i64(s03)]
-    rows = (min(ne01, 65535), min(ne02 * ne03, 65535))          # larger counts loop in the kernel
-    if src0.type in (Type.Q4_K, Type.Q6_K):                     # one super-block per CUDA block
-        cuda_launch(kernel, (ne00 // 256, *rows), (32 if src0.type == Type.Q4_K else 64,), args)
+    s01, s02, s03 = (nb // type_size(src0.type) for nb in src0.nb[1:])  # in blocks
+    kernel = ctx.kernel("convert.cu",
+                        f"dequantize_{DEQUANTIZE_TYPES[src0.type]}_"
+                        f"{'f16' if f16 else 'f32'}")
+    args = [_ptr(src0), _ptr(out_ptr), _i64(ne00), _i64(ne01), _i64(ne02),
+            _i64(ne02 * ne03), _i64(s01), _i64(s02), _i64(s03)]
+    # larger counts loop in the kernel
+    rows = (min(ne01, 65535), min(ne02 * ne03, 65535))
+    if src0.type in (Type.Q4_K, Type.Q6_K):  # one super-block per CUDA block
+        cuda_launch(kernel, (ne00 // 256, *rows),
+                    (32 if src0.type == Type.Q4_K else 64,), args)
     else:                                                       # two values per thread
         cuda_launch(kernel, (_cdiv(ne00, 512), *rows), (256,), args)
 
 
 def cuda_dequantize(ctx, src0, dtype):
-    """The quantized src0 as a dense cupy array (ne03, ne02, ne01, ne00) of float16 or float32, in scratch memory."""
+    """The quantized src0 as a dense cupy array (ne03, ne02, ne01, ne00) of float16 or
+    float32, in scratch memory."""
     out = ctx.pool_alloc(nelements(src0) * np.dtype(dtype).itemsize)
     cuda_dequantize_into(ctx, src0, out.data.ptr, dtype == np.float16)
     return import_cupy().ndarray(tuple(reversed(src0.ne)), dtype, out.data)
 
-
+# %% book/11_cuda.ipynb #b0d2f4a6c8
 def cuda_op_mul_mat_cublas(ctx, dst):
-    """MUL_MAT through cuBLAS (cupy.matmul): F32 weights in F32; F16 and quantized weights in F16
-    (dequantized first), unless mul_mat_set_prec asked for F32. src0's matrices broadcast over
-    dims 2 and 3 by integer division, as ggml_mul_mat defines."""
+    """MUL_MAT through cuBLAS (cupy.matmul): F32 weights in F32; F16 and quantized
+    weights in F16 (dequantized first), unless mul_mat_set_prec asked for F32. src0's
+    matrices broadcast over dims 2 and 3 by integer division, as ggml_mul_mat
+    defines."""
     src0, src1 = dst.src[0], dst.src[1]
     f16 = src0.type != Type.F32 and get_op_params_i32(dst, 0) != Prec.F32
     dtype = np.float16 if f16 else np.float32
     if is_quantized(src0.type):
         x = cuda_dequantize(ctx, src0, dtype)
     else:
-        x = cuda_view(src0, np.float16 if src0.type == Type.F16 else np.float32, ctx.device_id).astype(dtype, copy=False)
+        x = cuda_view(src0, np.float16 if src0.type == Type.F16 else np.float32,
+                      ctx.device_id).astype(dtype, copy=False)
     y = cuda_view(src1, np.float32, ctx.device_id).astype(dtype, copy=False)
     ne03, ne02, ne01, ne00 = x.shape
     ne13, ne12, ne11, _ = y.shape
     r2, r3 = ne12 // ne02, ne13 // ne03
-    y6 = y.reshape(ne03, r3, ne02, r2, ne11, ne00)          # i13 = i03*r3 + j, i12 = i02*r2 + k
+    y6 = y.reshape(ne03, r3, ne02, r2, ne11, ne00)  # i13 = i03*r3 + j, i12 = i02*r2 + k
     x6 = x.reshape(ne03, 1, ne02, 1, ne01, ne00)
-    out = import_cupy().matmul(y6, x6.swapaxes(-1, -2))     # (ne03, r3, ne02, r2, ne11, ne01)
+    # (ne03, r3, ne02, r2, ne11, ne01)
+    out = import_cupy().matmul(y6, x6.swapaxes(-1, -2))
     cuda_view(dst, np.float32, ctx.device_id)[...] = out.reshape(ne13, ne12, ne11, ne01)
 
 
 def cuda_op_mul_mat(ctx, dst):
-    """ggml_cuda_mul_mat's choice: quantized weights by at most 8 columns -> mmvq, else cuBLAS."""
+    """ggml_cuda_mul_mat's choice: quantized weights by at most 8 columns -> mmvq, else
+    cuBLAS."""
     if dst.src[0].type in MMVQ_TYPES and dst.src[1].ne[1] <= MMVQ_MAX_BATCH_SIZE:
         cuda_op_mul_mat_vec_q(ctx, dst)
     else:
