@@ -34,11 +34,9 @@ _INPLACE_OPS = frozenset({
 
 def op_can_inplace(op):
     """ggml_op_can_inplace: may the graph allocator give this op's result its operand's
-    bytes?
-    True for ggml 0.15.3's list: ops whose kernels make each row of the result from the
-    same row of the operand, so they work with dst == src (and so must not use restrict
-    pointers).
-    """
+    bytes? True for ggml 0.15.3's list: ops whose kernels make each row of the result
+    from the same row of the operand, so they work with dst == src (and so must not use
+    restrict pointers). """
     return op in _INPLACE_OPS
 
 # %% book/08_alloc.ipynb #alloc-gallocr-types
@@ -81,9 +79,7 @@ class GallocrNeedsReserveError(GGMLError):
 # %% book/08_alloc.ipynb #alloc-gallocr-struct-70e87428
 class Gallocr:
     """struct ggml_gallocr: plans a graph's memory over buffers of given types, then
-    places it.
-    Made by gallocr_new / gallocr_new_n; freed by gallocr_free.
-    """
+    places it. Made by gallocr_new / gallocr_new_n; freed by gallocr_free. """
 
     def __init__(self, bufts):
         self.bufts = list(bufts)
@@ -418,10 +414,8 @@ def gallocr_reserve(galloc, graph):
 
 def gallocr_reserve_n_size(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None):
     """ggml_gallocr_reserve_n_size: the bytes each buffer id would need; allocates
-    nothing.
-    ggml writes the sizes into an array argument; here they are returned as a list. As
-    in ggml, buffers that are too small for this graph are released.
-    """
+    nothing. ggml writes the sizes into an array argument; here they are returned as a
+    list. As in ggml, buffers that are too small for this graph are released. """
     _reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, True)
     return [
         sum(chunk.max_size for chunk in talloc.chunks) for talloc in galloc.buf_tallocs
@@ -467,11 +461,9 @@ def _init_tensor(galloc, t, talloc):
 # %% book/08_alloc.ipynb #alloc-alloc-graph-fn
 def gallocr_alloc_graph(galloc, graph):
     """ggml_gallocr_alloc_graph: give every tensor of graph its planned address; no new
-    memory.
-    A graph that does not fit the reservation is reserved again if there is one buffer;
-    with several, GallocrNeedsReserveError (ggml returns false): call gallocr_reserve_n
-    first. Returns False only if a buffer could not be allocated.
-    """
+    memory. A graph that does not fit the reservation is reserved again if there is one
+    buffer; with several, GallocrNeedsReserveError (ggml returns false): call
+    gallocr_reserve_n first. Returns False only if a buffer could not be allocated. """
     graph_check_alive(graph, "gallocr_alloc_graph")
     reason = _needs_realloc(galloc, graph)
     if reason is None and any(buf is None for buf in galloc.buffers):

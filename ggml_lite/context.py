@@ -125,8 +125,7 @@ def init(mem_size=0, mem_buffer=None, no_alloc=False):
 
     mem_buffer: optional caller-owned memory (a numpy array, bytearray, ...), 16-byte
     aligned. no_alloc: make descriptors only; their data is placed later (by an
-    allocator or a backend).
-    """
+    allocator or a backend). """
     mem_size = int(mem_size)
     require(mem_size >= 0, "init", f"mem_size = {mem_size} is negative")
     if mem_size == 0:                 # ggml allows ggml_init with 0 size
@@ -145,8 +144,7 @@ def free(ctx):
     A pool the context allocated goes with it, and every tensor and graph in it is gone.
     A caller's mem_buffer stays the caller's: the tensors and graphs laid in it stay
     usable, as in ggml, which frees mem_buffer only when it allocated it. No new object
-    can be made in a freed context either way.
-    """
+    can be made in a freed context either way. """
     if ctx is None or ctx._freed:
         return
     ctx._freed = True
@@ -211,8 +209,7 @@ def new_object(ctx, obj_type, size, payload=None, where=None):
 
     The 32-byte header is written into the pool in front of the payload and linked from
     the previous header (`next` holds the new header's address, as ggml's pointer
-    would).
-    """
+    would). """
     context_check_alive(ctx)
     require(size >= 0, "ggml_new_object", f"negative size {size}")
     cur_end = used_mem(ctx)

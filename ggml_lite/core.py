@@ -25,9 +25,9 @@ class Status(IntEnum):
 def require(ok, where, message, assertion=None, error=GGMLError):
     """GGML_ASSERT as an exception: unless `ok`, raise `error` (GGMLError or a subclass)
     saying `where` it failed, what ggml asserts (`assertion`, C's condition, when given)
-    and `message`, which carries the numbers:
-    "mul_mat: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed: a.ne=...". On a hot path, pass
-    the message as a function of no arguments: it is called only on failure."""
+    and `message`, which carries the numbers: "mul_mat: GGML_ASSERT(ggml_can_mul_mat(a,
+    b)) failed: a.ne=...". On a hot path, pass the message as a function of no
+    arguments: it is called only on failure."""
     if not ok:
         if callable(message):
             message = message()

@@ -56,8 +56,7 @@ class _Chunk:
 # %% book/08_alloc.ipynb #alloc-chunk-547547b4
 class DynTallocr:
     """struct ggml_dyn_tallocr: plans offsets in up to 16 chunks without touching
-    memory.
-    Made by dyn_tallocr_new; used by the graph allocator, one per buffer type.
+    memory. Made by dyn_tallocr_new; used by the graph allocator, one per buffer type.
     """
 
     def __init__(self, alignment, max_chunk_size):

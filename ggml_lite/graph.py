@@ -86,8 +86,7 @@ class CGraph:
     """struct ggml_cgraph: the ops of a computation in execution order, plus its leafs.
 
     Made by new_graph / new_graph_custom in a context's pool and filled by
-    build_forward_expand.
-    """
+    build_forward_expand. """
 
     def __init__(self, size, grads=False):
         self.size = size                        # capacity of nodes and of leafs
@@ -434,8 +433,7 @@ def graph_dump_dot(gb, gf=None, filename=None):
     returns the text.
 
     Called as graph_dump_dot(gb, gf, filename) like ggml, or graph_dump_dot(gb,
-    filename).
-    """
+    filename). """
     if filename is None and isinstance(gf, (str, os.PathLike)):
         gf, filename = None, gf
     graph_check_alive(gb, "graph_dump_dot")

@@ -345,9 +345,8 @@ def _build_graph_copy(sched, graph):
 def backend_sched_split_graph(sched, graph):
     """ggml_backend_sched_split_graph: assign every node a backend (passes 1-4), cut the
     graph into splits and make the input copies (pass 5), build the graph copy for
-    gallocr.
-    Like ggml, it rewrites graph's node.src to the copies: a graph is split once.
-    Splitting it again (reserve, then alloc or compute of the same graph) raises
+    gallocr. Like ggml, it rewrites graph's node.src to the copies: a graph is split
+    once. Splitting it again (reserve, then alloc or compute of the same graph) raises
     GGMLError here; ggml computes from stale copies instead. Build a new graph for a new
     split, as llama.cpp does when a batch changes the graph's shapes (a split graph is
     computed again without a new split)."""

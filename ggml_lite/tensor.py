@@ -63,8 +63,7 @@ class Tensor:
 
     Made by the constructors of this module (new_tensor_*, view_*, reshape_*, ...) and
     of the ops module, never directly. `data` is an address (0 = NULL); `t.numpy()`
-    views the bytes there.
-    """
+    views the bytes there. """
 
     def __init__(self, type, ne, nb, ctx=None):
         self.type = type

@@ -15,8 +15,8 @@ from ggml_lite.types import Type, bf16_to_fp32, fp32_to_bf16, fp32_to_fp16
 @njit(cache=True, nogil=True, error_model="numpy")
 def get_thread_range(nr, ith, nth):
     """ggml's get_thread_range: thread ith of nth owns the block of rows [ir0, ir1) of
-    nr rows,
-    dr = ceil(nr / nth) at a time (the last threads may get fewer rows, or none)."""
+    nr rows, dr = ceil(nr / nth) at a time (the last threads may get fewer rows, or
+    none)."""
     dr = (nr + nth - 1) // nth
     ir0 = min(dr * ith, nr)
     return ir0, min(ir0 + dr, nr)
@@ -55,9 +55,8 @@ def _st_impl(f, t, like):
 
 def storage(a, where):
     """(array numba can read, ggml type) of a Tensor.numpy()-style array: float16 data
-    is passed
-    as its uint16 bits, because numba has no float16; uint16 is BF16 (numpy has no
-    bfloat16)."""
+    is passed as its uint16 bits, because numba has no float16; uint16 is BF16 (numpy
+    has no bfloat16)."""
     if a.dtype == np.float32:
         return a, _F32
     if a.dtype == np.float16:

@@ -17,10 +17,9 @@ DEFAULT_N_THREADS = 4            # GGML_DEFAULT_N_THREADS
 
 
 def get_n_tasks(node, n_threads):
-    """ggml_get_n_tasks: how many of n_threads ggml counts for this node (1 for an
-    empty node or a
-    view). It sizes the node's scratch in the work buffer; it does not limit the
-    threads."""
+    """ggml_get_n_tasks: how many of n_threads ggml counts for this node (1 for an empty
+    node or a view). It sizes the node's scratch in the work buffer; it does not limit
+    the threads."""
     if is_empty(node) or op_is_empty(node.op):
         return 1
     return cpu_check_node(node).n_tasks(node, n_threads)
@@ -70,11 +69,9 @@ def _computes(node):
 
 def graph_plan(cgraph, n_threads=DEFAULT_N_THREADS, threadpool=None):
     """ggml_graph_plan: the thread count and work-buffer size for computing cgraph. A
-    node the
-    CPU has no kernel for (its op, kind, types or layout) raises GGMLError here, naming
-    it, and so
-    does a graph whose memory is gone (its context freed with the pool it owned, or
-    reset)."""
+    node the CPU has no kernel for (its op, kind, types or layout) raises GGMLError
+    here, naming it, and so does a graph whose memory is gone (its context freed with
+    the pool it owned, or reset)."""
     graph_check_alive(cgraph, "graph_plan")
     if threadpool is not None:
         n_threads = threadpool.n_threads
@@ -175,9 +172,8 @@ _PREPARED = weakref.WeakKeyDictionary()
 
 class _Prepared:
     """A graph's tasks, its program, and what they were made for: every address they
-    use, the
-    work buffer, the thread count. Any change (a re-allocation, a new plan) means
-    preparing again."""
+    use, the work buffer, the thread count. Any change (a re-allocation, a new plan)
+    means preparing again."""
 
     def __init__(self, cgraph, cplan):
         # views shared by tasks and program
@@ -197,10 +193,9 @@ class _Prepared:
 
     def fits(self, cgraph, cplan):
         """Still valid for this graph and plan? (checked without allocating). The same
-        plan object
-        for a graph of the same nonzero uid (the scheduler's, which it changes whenever
-        it splits
-        and allocates again) is taken on trust: no Python walk over the nodes."""
+        plan object for a graph of the same nonzero uid (the scheduler's, which it
+        changes whenever it splits and allocates again) is taken on trust: no Python
+        walk over the nodes."""
         if cgraph.uid != 0 and cgraph.uid == self.uid and cplan is self.cplan():
             return True
         return self.same_plan(cplan) and self.unchanged(cgraph)
@@ -212,9 +207,8 @@ class _Prepared:
 
     def unchanged(self, cgraph):
         """The same nodes in the same order, each with the same sources, every address
-        the same:
-        a walk over the nodes that compares, without making anything (~0.1 µs a
-        node)."""
+        the same: a walk over the nodes that compares, without making anything (~0.1 µs
+        a node)."""
         return (len(self.nodes) == len(cgraph.nodes)
                 and all(a is b for a, b in zip(self.nodes, cgraph.nodes))
                 and all(n.src == s for n, s in zip(cgraph.nodes, self.srcs))
@@ -223,17 +217,14 @@ class _Prepared:
 # %% book/06_cpu_compute.ipynb #graph-compute
 def graph_compute(cgraph, cplan):
     """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads,
-    in the
-    compiled loop (graph_compute_thread), or in the Python loop when the plan is traced
-    or
-    cplan.python_loop is set."""
+    in the compiled loop (graph_compute_thread), or in the Python loop when the plan is
+    traced or cplan.python_loop is set."""
     return _compute(cgraph, cplan, _PREPARED.get(cgraph), False)
 
 
 def _compute(cgraph, cplan, prepared, unchanged):
     """graph_compute with the graph's _Prepared (or None), and whether the caller has
-    just seen
-    the graph unchanged since it was prepared (then only the plan's fields are
+    just seen the graph unchanged since it was prepared (then only the plan's fields are
     compared)."""
     # a tensor whose memory is gone is refused
     graph_check_alive(cgraph, "graph_compute")
@@ -259,12 +250,10 @@ def _compute(cgraph, cplan, prepared, unchanged):
 
 
 def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
-    """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool,
-    compute. The plan
-    of the graph's last compute here is taken again when the graph is unchanged (its
-    nodes, their
-    sources and addresses: _Prepared.unchanged); any change plans it anew, in
-    graph_plan."""
+    """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool, compute.
+    The plan of the graph's last compute here is taken again when the graph is unchanged
+    (its nodes, their sources and addresses: _Prepared.unchanged); any change plans it
+    anew, in graph_plan."""
     prepared = _PREPARED.get(cgraph)
     last = prepared.ctx_plan if prepared is not None else None
     unchanged = last is not None and last[0] == n_threads and prepared.unchanged(cgraph)

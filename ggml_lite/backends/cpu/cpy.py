@@ -21,8 +21,7 @@ _I32 = int(Type.I32)
 
 def _get_row(x, ta, y):
     """y = the row x of type ta as y's elements: float32 (F32/F16/BF16 widened,
-    quantized rows
-    dequantized), or I32 copied as it is."""
+    quantized rows dequantized), or I32 copied as it is."""
 
 
 @overload(_get_row)
@@ -81,10 +80,9 @@ def get_rows_operands(src0, src1, dst, src0_type=None):
 
 def forward_get_rows(src0, src1, dst, ith=0, nth=1, src0_type=None):
     """dst[i12, i11, i10] = row src1[i10, i11, i12] of src0's slice (i11, i12), as
-    float32.
-    src0 F32/F16/BF16, or quantized bytes (give src0_type); an int32 src0 (I32) gives
-    int32 rows,
-    copied as they are. src1 int32 (1, ne12, ne11, ne10). Block rows."""
+    float32. src0 F32/F16/BF16, or quantized bytes (give src0_type); an int32 src0 (I32)
+    gives int32 rows, copied as they are. src1 int32 (1, ne12, ne11, ne10). Block
+    rows."""
     a, ta, src1, dst = get_rows_operands(src0, src1, dst, src0_type)
     bad = _get_rows(a, ta, src1, dst, ith, nth)
     if bad >= 0:
@@ -97,8 +95,7 @@ def forward_get_rows(src0, src1, dst, ith=0, nth=1, src0_type=None):
 # %% book/05_cpu_kernels.ipynb #kern-setrows
 def _set_row(x, td, y):
     """y = the float32 row x in y's type td: float32 copied, F16/BF16 rounded (uint16
-    bits),
-    quantized blocks (uint8) through the type's quantize_row."""
+    bits), quantized blocks (uint8) through the type's quantize_row."""
 
 
 @overload(_set_row)
@@ -165,12 +162,9 @@ def set_rows_operands(src0, src1, dst, dst_type=None):
 
 def forward_set_rows(src0, src1, dst, ith=0, nth=1, dst_type=None):
     """ggml_compute_forward_set_rows: row i of src0's slice (i02, i03), float32, into
-    row
-    src1[i, i02 % ne11, i03 % ne12] of dst's slice, in dst's type (F32/F16/BF16, or the
-    bytes of a
-    quantized dst_type). src1 int64 or int32 (1, ne12, ne11, n_rows). No row is written
-    when an
-    index is out of range (GGMLError). Block rows."""
+    row src1[i, i02 % ne11, i03 % ne12] of dst's slice, in dst's type (F32/F16/BF16, or
+    the bytes of a quantized dst_type). src1 int64 or int32 (1, ne12, ne11, n_rows). No
+    row is written when an index is out of range (GGMLError). Block rows."""
     src0, src1, d, td = set_rows_operands(src0, src1, dst, dst_type)
     bad = _set_rows(src0, src1, d, td, ith, nth)
     if bad >= 0:
@@ -195,8 +189,7 @@ def _copy_blocks(a, d, ts, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
     """The next index of a 4-D walk in row-major order: i0 + 1, carried into i1, i2, i3
-    (ggml's
-    dup kernels write this carry out in each of their copy loops)."""
+    (ggml's dup kernels write this carry out in each of their copy loops)."""
     i0 += 1
     if i0 == ne0:
         i0, i1 = 0, i1 + 1
@@ -210,9 +203,8 @@ def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_flt(a, ta, d, td, same, ith, nth):
     """Element by element, in the logical (row-major) order of a into that of d,
-    converting
-    through float32 unless the types are the same. Rows of a in blocks per (i02,
-    i03)."""
+    converting through float32 unless the types are the same. Rows of a in blocks per
+    (i02, i03)."""
     ne03, ne02, ne01, ne00 = a.shape
     ne3, ne2, ne1, ne0 = d.shape
     ir0, ir1 = get_thread_range(ne01, ith, nth)
@@ -257,8 +249,8 @@ def _dup_blocks(a, d, ts, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_to_q(a, ta, d, td, rs, w, ith, nth):
     """ggml_compute_forward_dup_to_q: each row of a, made float32 in the scratch row w,
-    is
-    quantized into the contiguous bytes d at its flat row position (rs bytes a row)."""
+    is quantized into the contiguous bytes d at its flat row position (rs bytes a
+    row)."""
     ne03, ne02, ne01, ne00 = a.shape
     ir0, ir1 = get_thread_range(ne01, ith, nth)
     for i03 in range(ne03):
@@ -274,8 +266,7 @@ def _dup_to_q(a, ta, d, td, rs, w, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_from_q(a, ta, qk, ts, d, ith, nth):
     """ggml_compute_forward_dup_from_q: block by block (qk elements), dequantized to
-    where the
-    block's elements go in d. Blocks split in ranges."""
+    where the block's elements go in d. Blocks split in ranges."""
     ne03, ne02, ne01 = a.shape[0], a.shape[1], a.shape[2]
     ne00 = a.shape[3] // ts * qk
     ne3, ne2, ne1, ne0 = d.shape
@@ -301,8 +292,8 @@ def _nelements(a, t):
 
 def dup_operands(src0, dst, src0_type=None, dst_type=None, wdata=None):
     """forward_dup's checks and its choice of copy loop, made once: (the loop, its
-    arguments
-    before (ith, nth)). The compute chapter's compiled loop lowers a node with them."""
+    arguments before (ith, nth)). The compute chapter's compiled loop lowers a node with
+    them."""
     check_4d("dup", src0, dst)
     a, ta = storage_any(src0, src0_type, "dup")
     d, td = storage_any(dst, dst_type, "dup")
@@ -344,15 +335,11 @@ def dup_operands(src0, dst, src0_type=None, dst_type=None, wdata=None):
 # %% book/05_cpu_kernels.ipynb #a13f6ae4
 def forward_dup(src0, dst, ith=0, nth=1, src0_type=None, dst_type=None, wdata=None):
     """ggml_compute_forward_dup (cpy, cont, dup): the elements of src0, in logical
-    row-major order,
-    written in dst's logical order, converted to dst's type. F32/F16/BF16 between each
-    other;
-    F32/F16/BF16 -> quantized (dst contiguous, whole blocks per row; wdata: a float32
-    scratch
-    row of >= ne00 for this thread, as the plan's work buffer gives it); quantized ->
-    F32; same
-    type -> byte copy. Rows of src0 in blocks (both contiguous and same type: element
-    blocks)."""
+    row-major order, written in dst's logical order, converted to dst's type.
+    F32/F16/BF16 between each other; F32/F16/BF16 -> quantized (dst contiguous, whole
+    blocks per row; wdata: a float32 scratch row of >= ne00 for this thread, as the
+    plan's work buffer gives it); quantized -> F32; same type -> byte copy. Rows of src0
+    in blocks (both contiguous and same type: element blocks)."""
     kernel, args = dup_operands(src0, dst, src0_type, dst_type, wdata)
     kernel(*args, ith, nth)
 

@@ -148,8 +148,7 @@ _NO_MASK = np.zeros((1, 1, 1, 1), np.float32)
 # %% book/05_cpu_kernels.ipynb #e0df1424
 def soft_max_operands(src0, mask, dst, scale=1.0, max_bias=0.0):
     """forward_soft_max's checks, made once: the arguments of the row loop _soft_max
-    before
-    (ith, nth). The compute chapter's compiled loop lowers a node with them."""
+    before (ith, nth). The compute chapter's compiled loop lowers a node with them."""
     check_4d("soft_max", src0, dst)
     f32_only("soft_max", src0, dst)
     if src0.shape != dst.shape:
@@ -174,10 +173,8 @@ def soft_max_operands(src0, mask, dst, scale=1.0, max_bias=0.0):
 
 def forward_soft_max(src0, mask, dst, scale=1.0, max_bias=0.0, ith=0, nth=1):
     """ggml_soft_max_ext: each row softmax(x*scale + slope*mask), mask optional (F32 or
-    F16, rows
-    broadcast over ne2/ne3 by modulo), ALiBi slopes per head (ne2) when max_bias > 0.
-    F32.
-    Strided rows. dst may be src0 (in place)."""
+    F16, rows broadcast over ne2/ne3 by modulo), ALiBi slopes per head (ne2) when
+    max_bias > 0. F32. Strided rows. dst may be src0 (in place)."""
     _soft_max(*soft_max_operands(src0, mask, dst, scale, max_bias), ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-rope
@@ -204,8 +201,7 @@ def rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _rope_yarn(theta_extrap, freq_scale, low, high, i0, ext_factor, mscale):
     """ggml's rope_yarn: the (cos, sin) of one pair, YaRN-mixed between interpolation
-    and
-    extrapolation when ext_factor != 0, scaled by mscale (attn_factor)."""
+    and extrapolation when ext_factor != 0, scaled by mscale (attn_factor)."""
     theta_interp = freq_scale * theta_extrap
     theta = theta_interp
     if ext_factor != 0:
@@ -253,8 +249,8 @@ def rope_operands(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=
                   freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
                   beta_slow=1.0):
     """forward_rope's checks and its per-node constants (theta_scale, YaRN's low and
-    high, float32
-    as in ggml), made once: the arguments of the row loop _rope before (ith, nth)."""
+    high, float32 as in ggml), made once: the arguments of the row loop _rope before
+    (ith, nth)."""
     check_4d("rope", src0, dst)
     (a, ta), (d, td) = storage(src0, "rope"), storage(dst, "rope")
     ne3, ne2, ne1, ne0 = a.shape
@@ -296,10 +292,9 @@ def forward_rope(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0
                  beta_slow=1.0,
                  ith=0, nth=1):
     """ggml_rope_ext on src0 = [head_dim, n_head, n_tokens, batch] (numpy shape
-    reversed), pos an
-    int32 vector of n_tokens positions, mode 0 (normal: adjacent pairs) or 2 (NEOX:
-    x[k] with
-    x[k + n_dims/2]). F32 or F16 (dst of the same type). Block rows."""
+    reversed), pos an int32 vector of n_tokens positions, mode 0 (normal: adjacent
+    pairs) or 2 (NEOX: x[k] with x[k + n_dims/2]). F32 or F16 (dst of the same type).
+    Block rows."""
     _rope(*rope_operands(src0, pos, dst, n_dims, mode, freq_factors, n_ctx_orig,
                          freq_base, freq_scale,
                          ext_factor, attn_factor, beta_fast, beta_slow), ith, nth)
@@ -353,10 +348,8 @@ _CONCAT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int8),
 
 def forward_concat(src0, src1, dst, dim, ith=0, nth=1):
     """dst = src0 and src1 joined along ggml dimension dim (0..3); one element type
-    throughout,
-    any non-quantized one (F32, F16, BF16, I8, I16, I32): elements are moved, not
-    converted.
-    Strided over ne2."""
+    throughout, any non-quantized one (F32, F16, BF16, I8, I16, I32): elements are
+    moved, not converted. Strided over ne2."""
     check_4d("concat", src0, src1, dst)
     a, b, d = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (src0, src1,
                                                                            dst))
@@ -455,8 +448,7 @@ def forward_mean(src0, dst, ith=0, nth=1):
 
 def forward_repeat(src0, dst, ith=0, nth=1):
     """dst = src0 tiled to dst's shape (each dst dim a multiple of src0's). Any element
-    type,
-    copied as is. Thread 0 only."""
+    type, copied as is. Thread 0 only."""
     check_4d("repeat", src0, dst)
     a, d = src0, dst
     if a.dtype == np.float16:

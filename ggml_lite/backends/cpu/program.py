@@ -17,14 +17,11 @@ SPINS_BEFORE_YIELD = 1 << 12
 @njit(cache=True, nogil=True)
 def barrier(state):
     """ggml_barrier (as built without OpenMP): the last of n_threads to arrive resets
-    the count and
-    bumps n_barrier_passed; the others spin until it moves. ggml makes the loads
-    relaxed and puts
-    sequentially consistent fences around them; here every access is sequentially
-    consistent.
-    Unlike ggml, a waiter yields its core every SPINS_BEFORE_YIELD spins: on a machine
-    with
-    more threads than cores, the thread it waits for may need that core."""
+    the count and bumps n_barrier_passed; the others spin until it moves. ggml makes the
+    loads relaxed and puts sequentially consistent fences around them; here every access
+    is sequentially consistent. Unlike ggml, a waiter yields its core every
+    SPINS_BEFORE_YIELD spins: on a machine with more threads than cores, the thread it
+    waits for may need that core."""
     n_threads = state[N_THREADS]
     if n_threads == 1:
         return
@@ -67,18 +64,13 @@ ST_F32, ST_U16, ST_U8, ST_I32, ST_I64 = range(5)
 @njit(cache=True, nogil=True, error_model="numpy")
 def graph_compute_thread(prog, fp, state, owner, slot, ith):
     """ggml_graph_compute_thread: every thread walks every task of the program, meeting
-    the
-    others at a barrier before a task that several threads share (and after one), and
-    at one
-    last barrier before it returns, so no thread leaves while another still computes. A
-    failure
-    or an abort in task k writes k + 1 to state[ABORT] before the next barrier; after
-    the barrier
-    before task j, a thread stops if ABORT is in 1..j, i.e. was written before that
-    barrier.
-    So all threads stop at the same barrier, and none is left waiting (ggml's
-    threadpool->abort
-    holds a node number for the same reason)."""
+    the others at a barrier before a task that several threads share (and after one),
+    and at one last barrier before it returns, so no thread leaves while another still
+    computes. A failure or an abort in task k writes k + 1 to state[ABORT] before the
+    next barrier; after the barrier before task j, a thread stops if ABORT is in 1..j,
+    i.e. was written before that barrier. So all threads stop at the same barrier, and
+    none is left waiting (ggml's threadpool->abort holds a node number for the same
+    reason)."""
     shared_before = False
     for k in range(prog.shape[0]):
         nth = prog[k, NTH]
@@ -169,8 +161,7 @@ slot_view = _array
 
 def set_slot(row, s, arr):
     """Write the 4-D array arr (C-contiguous, or strided where the kind reads it
-    strided) into
-    slot s of a program row."""
+    strided) into slot s of a program row."""
     o = SLOT + 9 * s
     row[o] = arr.ctypes.data
     row[o + 1:o + 5] = arr.shape
@@ -408,11 +399,9 @@ def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
     """Task k of the program on thread ith of nth: a compiled kernel, or a call back to
-    Python.
-    Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows that
-    meets an
-    index out of range calls its Python kernel back, which raises the error that names
-    it."""
+    Python. Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows
+    that meets an index out of range calls its Python kernel back, which raises the
+    error that names it."""
     kind, a = prog[k, KIND], ARG
     f32 = np.float32
     if kind == TASK_BINARY:
@@ -500,14 +489,11 @@ import ggml_lite.backends.cpu
 
 def _drop_stale_cache():
     """numba keys a cached function by its own source file only, yet the loop's cached
-    machine
-    code contains the kernels it calls (and the pool's polling function contains the
-    loop):
-    after a kernel changes, the old copy would run. So the cache files of this module
-    and of
-    threadpool.py are dropped whenever the sources they are built from differ from last
-    time.
-    (Only the cache in __pycache__ next to the modules is looked after.)"""
+    machine code contains the kernels it calls (and the pool's polling function contains
+    the loop): after a kernel changes, the old copy would run. So the cache files of
+    this module and of threadpool.py are dropped whenever the sources they are built
+    from differ from last time. (Only the cache in __pycache__ next to the modules is
+    looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
     deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py",
                                "vec.py",

@@ -46,9 +46,8 @@ def dequantize_row(t, x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row(t, x, y):
     """type t's from_float on the CPU: float32 x -> uint8 blocks y. The types chapter's
-    reference
-    quantizers, but for Q8_0 and Q8_1, which x86's ggml quantizes with AVX (see
-    below)."""
+    reference quantizers, but for Q8_0 and Q8_1, which x86's ggml quantizes with AVX
+    (see below)."""
     if t == _Q4_0:
         quantize_row_q4_0_ref(x, y)
     elif t == _Q4_1:
@@ -105,11 +104,9 @@ def _q8_x86(x, o, y, b, n_qs):
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_0(x, y):
     """ggml-cpu's quantize_row_q8_0 on x86 (arch/x86/quants.c, the AVX path): Q8_0's
-    from_float,
-    which converts CPY's and mul_mat's F32 to Q8_0 on the CPU. The reference quantizer
-    of the
-    types chapter (roundf: halves away from zero, times 1/d) is what quantize_chunk
-    uses."""
+    from_float, which converts CPY's and mul_mat's F32 to Q8_0 on the CPU. The reference
+    quantizer of the types chapter (roundf: halves away from zero, times 1/d) is what
+    quantize_chunk uses."""
     for i in range(x.shape[0] // 32):
         _q8_x86(x, 32 * i, y, 34 * i, 2)
 

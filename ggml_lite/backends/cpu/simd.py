@@ -15,9 +15,8 @@ from numba.extending import intrinsic, models, overload, register_model
 
 class Vec(types.Type):
     """The numba type of an LLVM vector value: `count` lanes of `dtype`. A Vec lives in
-    registers
-    inside one compiled function; it is never a numpy array and cannot be returned to
-    Python."""
+    registers inside one compiled function; it is never a numpy array and cannot be
+    returned to Python."""
 
     def __init__(self, dtype, count):
         self.dtype, self.count = dtype, count
@@ -191,11 +190,9 @@ def vi16(typingctx, v):
 @intrinsic
 def vdot(typingctx, a, b):
     """Two vectors multiplied lane by lane and summed in adjacent pairs: Vec(int32 x
-    n/2) with
-    lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1]. Either bytes (a's signed or unsigned as its
-    dtype
-    says, b's int8) or two int16 vectors: that is x86's pmaddwd, ggml's
-    _mm256_madd_epi16. Exact."""
+    n/2) with lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1]. Either bytes (a's signed or
+    unsigned as its dtype says, b's int8) or two int16 vectors: that is x86's pmaddwd,
+    ggml's _mm256_madd_epi16. Exact."""
     if not (isinstance(a, Vec) and isinstance(b,
                                               Vec) and a.count == b.count and a.count % 2 == 0
             and (a.dtype.bitwidth == b.dtype.bitwidth == 8 or a.dtype == b.dtype == types.int16)):
@@ -238,9 +235,8 @@ def vfloat(typingctx, v):
 
 @intrinsic
 def vsum(typingctx, v):
-    """The sum of the lanes, as a tree: the upper half added to the lower half until
-    one lane is
-    left (the order of ggml's hsum_float_8, and on 4 lanes of its _mm_movehl_ps,
+    """The sum of the lanes, as a tree: the upper half added to the lower half until one
+    lane is left (the order of ggml's hsum_float_8, and on 4 lanes of its _mm_movehl_ps,
     _mm_add_ss)."""
     if not isinstance(v, Vec):
         return None
@@ -308,11 +304,9 @@ for _op in _INT_OPS:
 @intrinsic
 def vload_f16(typingctx, a, i, n):
     """The n fp16 values a[i], ..., a[i+n-1] of a uint16 array (their bits) as
-    Vec(float32 x n),
-    n a constant: one load of n halves and LLVM's `fpext half to float`, which on x86
-    with F16C
-    is vcvtph2ps, ggml's GGML_F32Cx8_LOAD (a conversion in hardware, exact, no
-    table)."""
+    Vec(float32 x n), n a constant: one load of n halves and LLVM's `fpext half to
+    float`, which on x86 with F16C is vcvtph2ps, ggml's GGML_F32Cx8_LOAD (a conversion
+    in hardware, exact, no table)."""
     if not (isinstance(a, types.Array) and a.dtype == types.uint16 and isinstance(n,
                                                                                   types.IntegerLiteral)):
         return None
@@ -330,9 +324,9 @@ def vload_f16(typingctx, a, i, n):
 @intrinsic
 def vsplat2(typingctx, a, b, n):
     """Vec(int16 x n), n a constant: a in the lower n/2 lanes, b in the upper ones. The
-    scales of
-    two sub-blocks side by side, as ggml's _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales,
-    get_scale_shuffle(is))); vsplat2(s, s, 16) is one scale in every lane."""
+    scales of two sub-blocks side by side, as ggml's
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is))); vsplat2(s, s,
+    16) is one scale in every lane."""
     if not (isinstance(a, types.Integer) and isinstance(b,
                                                         types.Integer) and isinstance(n,
                                                                                       types.IntegerLiteral)):
@@ -352,9 +346,8 @@ def vsplat2(typingctx, a, b, n):
 @intrinsic
 def vpick2(typingctx, v, i, j, n):
     """Vec(v.dtype x n), i, j, n constants: lane i of v in the lower n/2 lanes, lane j
-    in the
-    upper ones; ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is)) on a vector of
-    scales."""
+    in the upper ones; ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is)) on a
+    vector of scales."""
     if not (isinstance(v, Vec) and all(isinstance(k, types.IntegerLiteral) for k in (i,
                                                                                      j,
                                                                                      n))):
@@ -369,8 +362,7 @@ def vpick2(typingctx, v, i, j, n):
 # %% book/92_making_python_fast.ipynb #kern-simd-x86
 def _target_features():
     """The x86 features numba compiles for: those of NUMBA_CPU_FEATURES when it is set,
-    the
-    host's when numba targets the host (its default), none for any other
+    the host's when numba targets the host (its default), none for any other
     NUMBA_CPU_NAME."""
     if config.CPU_FEATURES:
         return {f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")}
@@ -430,9 +422,8 @@ def vmaddubs(typingctx, a, b):
 @intrinsic
 def vdot4(typingctx, a, b):
     """Bytes a times int8 b, summed in fours: Vec(int32 x n/4), lane k = a[4k]*b[4k] +
-    ... +
-    a[4k+3]*b[4k+3], a's lanes signed or unsigned as its dtype says. Exact for every
-    input."""
+    ... + a[4k+3]*b[4k+3], a's lanes signed or unsigned as its dtype says. Exact for
+    every input."""
     if not (isinstance(a, Vec) and isinstance(b,
                                               Vec) and a.count == b.count and a.count % 4 == 0
             and a.dtype in (types.uint8, types.int8) and b.dtype == types.int8):

@@ -31,11 +31,9 @@ def op_is_empty(op):
 
 # %% book/06_cpu_compute.ipynb #eaeaffb3
 class Preparing:
-    """What a prepare function gets besides its node: the work buffer, the plan's
-    thread count,
-    numpy views made once per tensor (one tensor feeds several nodes), and for a traced
-    mul_mat
-    the array that records which thread computed each chunk."""
+    """What a prepare function gets besides its node: the work buffer, the plan's thread
+    count, numpy views made once per tensor (one tensor feeds several nodes), and for a
+    traced mul_mat the array that records which thread computed each chunk."""
 
     def __init__(self, wdata, n_threads, llamafile=False):
         self.wdata, self.n_threads, self.owner, self.llamafile = wdata, n_threads, None, llamafile
@@ -51,8 +49,8 @@ class Preparing:
 
 def _scratch_rows(wdata, n, n_threads):
     """Thread ith's float32 scratch row of n in the work buffer, a cache line apart
-    (ggml's
-    wdata + ith*(n + CACHE_LINE_SIZE_F32)); None where the plan reserved none."""
+    (ggml's wdata + ith*(n + CACHE_LINE_SIZE_F32)); None where the plan reserved
+    none."""
     stride = (n + CACHE_LINE_SIZE // 4) * 4
     if wdata is None or wdata.nbytes < n_threads * stride:
         return [None] * n_threads
@@ -100,9 +98,8 @@ def _prepare_unary(node, p):
 
 
 def glu_args(node, p):
-    """forward_glu's arguments for node, before (ith, nth); the compiled loop's
-    lowering reads
-    them too (as the other *_args below)."""
+    """forward_glu's arguments for node, before (ith, nth); the compiled loop's lowering
+    reads them too (as the other *_args below)."""
     a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
     op, swapped = get_glu_op(node), bool(get_op_params_i32(node, 1))
     # SWIGLU_OAI's
@@ -450,8 +447,7 @@ def _row_per_task(node, n_tasks):
 
 def _copy_scratch(node, n_tasks):
     """ggml_graph_plan for CPY/DUP: a float row per task when the destination is
-    quantized, or
-    (CPY) F16<->BF16 or F32<->I32 ("through intermediate F32")."""
+    quantized, or (CPY) F16<->BF16 or F32<->I32 ("through intermediate F32")."""
     ts, td = node.src[0].type, (node.src[1].type if node.src[1] is not None else None)
     pairs = {(Type.F16, Type.BF16), (Type.BF16, Type.F16), (Type.F32, Type.I32),
              (Type.I32, Type.F32)}
@@ -524,11 +520,9 @@ def cpu_kernel_key(node):
 
 def _extra_kernel(node):
     """ggml_cpu_extra_compute_forward's question, asked before the table: does the
-    buffer type
-    holding src0 carry CPU kernels of its own for this node (`buft.cpu_extra`, a weight
-    rewritten
-    into another layout by the CPU device's extra buffer types, chapter 07c)? Its
-    kernel or None."""
+    buffer type holding src0 carry CPU kernels of its own for this node
+    (`buft.cpu_extra`, a weight rewritten into another layout by the CPU device's extra
+    buffer types, chapter 07c)? Its kernel or None."""
     src0 = node.src[0] if node.src else None
     buf = None if src0 is None else (src0.view_src.buffer if src0.view_src is not None else src0.buffer)
     extra = getattr(getattr(buf, "buft", None), "cpu_extra", None)
@@ -536,9 +530,8 @@ def _extra_kernel(node):
 
 
 def cpu_kernel(node):
-    """node's row of CPU_KERNELS (or its extra buffer type's kernel), or None if the
-    CPU has no
-    kernel for its op (and kind)."""
+    """node's row of CPU_KERNELS (or its extra buffer type's kernel), or None if the CPU
+    has no kernel for its op (and kind)."""
     extra = _extra_kernel(node)
     if extra is not None:
         return extra

@@ -20,10 +20,9 @@ POLL_ROUNDS = 1024 * 128
 
 def _worker(ctl, cond, pool_ref, ith, n_rounds):
     """ggml_graph_compute_secondary_thread for thread ith: poll for work, which runs
-    each program
-    kicked off; run a Python job in Python; sleep on cond when polling finds nothing.
-    The thread
-    holds only a weak reference to its pool, so a pool nobody holds can be collected."""
+    each program kicked off; run a Python job in Python; sleep on cond when polling
+    finds nothing. The thread holds only a weak reference to its pool, so a pool nobody
+    holds can be collected."""
     seen = 0
     while True:
         seen, why = threadpool_poll(ctl, ith, seen, n_rounds)
@@ -73,9 +72,9 @@ def _run_job(pool, ith, job):
 
 
 def _run_python(pool, job):
-    """A Python job on every thread: kickoff, worker 0's part, then wait for the
-    workers (spinning
-    without the GIL for as long as they poll, then on the condition variable)."""
+    """A Python job on every thread: kickoff, worker 0's part, then wait for the workers
+    (spinning without the GIL for as long as they poll, then on the condition
+    variable)."""
     pool.failed, pool._errors = False, []
     n = pool.n_threads - 1
     if n > 0:
@@ -100,10 +99,8 @@ class Threadpool:
 
     run(job) calls job(ith) on all n_threads threads and returns when all are done;
     run_program(prog, fp, state, owner, slot) runs a compiled program on them, without
-    the GIL
-    (what graph_compute does). A Python job synchronises its
-    threads with barrier(); if a thread raises, the barrier is broken so no thread
-    waits forever,
+    the GIL (what graph_compute does). A Python job synchronises its threads with
+    barrier(); if a thread raises, the barrier is broken so no thread waits forever,
     run() re-raises the first failure, and the pool stays usable. Idle workers poll for
     POLL_ROUNDS * poll spins, then sleep; free(), or collecting the pool, stops them."""
 
@@ -155,9 +152,8 @@ class Threadpool:
 
     def run_program(self, prog, fp, state, owner, slot):
         """ggml_graph_compute: kickoff, then worker 0's part, then a wait until every
-        worker has
-        left the program (past its last barrier). Its failures are the program's to
-        report."""
+        worker has left the program (past its last barrier). Its failures are the
+        program's to report."""
         with self._run_lock:
             if self._stop:
                 raise GGMLError("threadpool: used after threadpool_free")
@@ -211,10 +207,9 @@ POLL_IDLE, POLL_PYTHON, POLL_STOP = 0, 1, 2
 @njit(cache=True)
 def threadpool_kickoff(ctl, kind, prog, fp, state, owner, slot):
     """ggml_graph_compute_kickoff: describe the job, then bump n_graph (sequentially
-    consistent,
-    so a polling worker that sees the new count sees the job too). Returns how many
-    workers sleep
-    on the pool's condition variable: the caller wakes them only if there are any."""
+    consistent, so a polling worker that sees the new count sees the job too). Returns
+    how many workers sleep on the pool's condition variable: the caller wakes them only
+    if there are any."""
     j = TP_JOB
     ctl[j], ctl[j + 1], ctl[j + 2], ctl[j + 3] = kind, prog.ctypes.data, prog.shape[0], fp.ctypes.data
     ctl[j + 4], ctl[j + 5], ctl[j + 6], ctl[j + 7] = state.ctypes.data, owner.ctypes.data, owner.size, slot
@@ -286,8 +281,8 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
 @njit(cache=True, nogil=True)
 def threadpool_wait_done(ctl, n, n_rounds):
     """Spin (without the GIL) until n workers have finished a Python job; False if
-    n_rounds
-    spins were not enough (the caller then sleeps on the pool's condition variable)."""
+    n_rounds spins were not enough (the caller then sleeps on the pool's condition
+    variable)."""
     spins = 0
     while atomic_load(ctl, TP_N_DONE) < n:
         if spins >= n_rounds:

@@ -26,19 +26,16 @@ _SQRT_2_INV = np.float32(0.70710678118654752440084436210484)
 
 def _fp16_table(f):
     """fp16(f(x)) for every fp16 bit pattern x, f evaluated in float32: how
-    ggml_cpu_init fills
-    ggml_table_gelu_f16 and ggml_table_gelu_quick_f16, once."""
+    ggml_cpu_init fills ggml_table_gelu_f16 and ggml_table_gelu_quick_f16, once."""
     with np.errstate(all="ignore"):          # the table includes inf and NaN inputs
         return f(table_f32_f16).astype(np.float16).view(np.uint16)
 
 
 def _libm_f32(f):
     """libm's float function (tanhf, expf) as C gives it, correctly rounded: f in
-    double, rounded
-    once to float32. numpy's own float32 tanh and exp are vectorised approximations
-    whose last
-    bit depends on the CPU they run on (one ulp off near tanh = -1, where gelu's table
-    is 0)."""
+    double, rounded once to float32. numpy's own float32 tanh and exp are vectorised
+    approximations whose last bit depends on the CPU they run on (one ulp off near tanh
+    = -1, where gelu's table is 0)."""
     return lambda z: f(z.astype(np.float64)).astype(np.float32)
 
 
@@ -53,9 +50,8 @@ _GELU_QUICK_F16 = _fp16_table(lambda x: x * (np.float32(1.0) / (np.float32(1.0)
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_f32(x):
-    """ggml_vec_gelu_f32 with GGML_GELU_FP16: x <= -10 -> 0, x >= 10 -> x, otherwise
-    the table
-    entry at fp16(x): the result has fp16 precision, as in ggml."""
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: x <= -10 -> 0, x >= 10 -> x, otherwise the
+    table entry at fp16(x): the result has fp16 precision, as in ggml."""
     if x <= np.float32(-10.0):
         return np.float32(0.0)
     if x >= np.float32(10.0):
@@ -157,8 +153,7 @@ def _unary(op, a, d, ta, td, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _unary_lookup(table, a, d, ith, nth):
     """ggml_vec_gelu_f16, ggml_vec_gelu_quick_f16: F16 in and out, the result read from
-    the
-    table by the input's bits."""
+    the table by the input's bits."""
     ne3, ne2, ne1, ne0 = a.shape
     ir0, ir1 = get_thread_range(ne1 * ne2 * ne3, ith, nth)
     for ir in range(ir0, ir1):
@@ -188,10 +183,9 @@ def unary_types(op):
 
 def forward_unary(src0, dst, op, ith=0, nth=1):
     """dst = f(src0), element by element, for the UnaryOp `op`
-    (ggml_compute_forward_unary); every
-    op but XIELU. F32, F16 or BF16 in and out, or F16/BF16 in and F32 out; GELU,
-    GELU_QUICK,
-    GELU_ERF and SILU: F32 or F16, the same in and out. Block rows."""
+    (ggml_compute_forward_unary); every op but XIELU. F32, F16 or BF16 in and out, or
+    F16/BF16 in and F32 out; GELU, GELU_QUICK, GELU_ERF and SILU: F32 or F16, the same
+    in and out. Block rows."""
     if op not in _KERNEL_OPS:
         label = UnaryOp(op).name if op in _ALL_OPS else op
         raise GGMLError(f"unary: {label} has no CPU kernel in ggml_lite (every unary "

@@ -46,11 +46,9 @@ def vec_dot_f32(n, x, y):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")  # as the q dots
 def vec_dot_f16(n, x, y):
     """ggml_vec_dot_f16 on the uint16 bits of two fp16 rows: 32 at a time, widened by
-    the
-    hardware (vload_f16) into two accumulators of 16 float32 lanes; the lanes summed,
-    then the
-    last n % 32 products added in double (ggml's ggml_float sumf) and the sum rounded
-    to float."""
+    the hardware (vload_f16) into two accumulators of 16 float32 lanes; the lanes
+    summed, then the last n % 32 products added in double (ggml's ggml_float sumf) and
+    the sum rounded to float."""
     s0, s1 = vzero(np.float32, 16), vzero(np.float32, 16)
     np32 = n - n % 32
     for i in range(0, np32, 32):
@@ -99,12 +97,9 @@ def _u32(b, o):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_0_q8_0(n, x, y):
     """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per
-    block the
-    32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32 lanes (as
-    codes*y
-    minus 8*y), converted and multiply-added with dx*dy into 8 float32 lanes; the lanes
-    are
-    summed once, at the end."""
+    block the 32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32
+    lanes (as codes*y minus 8*y), converted and multiply-added with dx*dy into 8 float32
+    lanes; the lanes are summed once, at the end."""
     acc, eight = vzero(np.float32, 8), vu8(vzero(np.int8, 32) + 8)
     for ib in range(n // 32):
         xo, yo = ib * 18, ib * 34
@@ -119,9 +114,8 @@ def vec_dot_q4_0_q8_0(n, x, y):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_1_q8_1(n, x, y):
     """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s,
-    where
-    y's s = dy*sum(q8) was stored by the q8_1 quantizer; the m*s of the blocks add up
-    in a float."""
+    where y's s = dy*sum(q8) was stored by the q8_1 quantizer; the m*s of the blocks add
+    up in a float."""
     acc, summs = vzero(np.float32, 8), np.float32(0.0)
     for ib in range(n // 32):
         xo, yo = ib * 20, ib * 36
@@ -186,14 +180,12 @@ def vec_dot_q4_K_q8_K(n, x, y):
 # %% book/05_cpu_kernels.ipynb #kern-qdots-k6
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q6_K_q8_K(n, x, y):
-    """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql
-    twice and 32 of
-    qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8 in pairs
-    (vmaddubs),
-    by their sub-blocks' scales (two per vector, vpick2) and in pairs again (vdot) into
-    8 int32
-    lanes. The codes' offset of 32 comes off per lane through y's bsums: lane k loses
-    32 * (bsums_2k * scale_2k + bsums_2k+1 * scale_2k+1)."""
+    """ggml_vec_dot_q6_K_q8_K as ggml's AVX2 code: per half of 128, 32 bytes of ql twice
+    and 32 of qh give four vectors of 32 unsigned 6-bit codes (0..63), multiplied by q8
+    in pairs (vmaddubs), by their sub-blocks' scales (two per vector, vpick2) and in
+    pairs again (vdot) into 8 int32 lanes. The codes' offset of 32 comes off per lane
+    through y's bsums: lane k loses 32 * (bsums_2k * scale_2k + bsums_2k+1 *
+    scale_2k+1)."""
     acc = vzero(np.float32, 8)
     for ib in range(n // 256):
         xo, yo = ib * 210, ib * 292
@@ -221,11 +213,9 @@ def vec_dot_q6_K_q8_K(n, x, y):
 @dataclass(frozen=True)
 class TypeTraitsCPU:
     """ggml's `struct ggml_type_traits_cpu`: the type src1 is converted to
-    (vec_dot_type), the row
-    converter into it (from_float, the types chapter's numba row function) and the dot
-    kernel
-    vec_dot(n, x_row, y_row) -> float32. nrows is 1: no two-row (ARM i8mm) kernels
-    here."""
+    (vec_dot_type), the row converter into it (from_float, the types chapter's numba row
+    function) and the dot kernel vec_dot(n, x_row, y_row) -> float32. nrows is 1: no
+    two-row (ARM i8mm) kernels here."""
     vec_dot_type: Type
     vec_dot: Callable
     from_float: Callable
@@ -256,9 +246,8 @@ def get_type_traits_cpu(t) -> TypeTraitsCPU:
 @intrinsic
 def _atomic_add(typingctx, counter, idx, val):
     """counter[idx] += val as one atomic read-modify-write (relaxed, as ggml's chunk
-    counter);
-    returns the old value. numba has no atomics of its own, so this emits LLVM's
-    atomicrmw."""
+    counter); returns the old value. numba has no atomics of its own, so this emits
+    LLVM's atomicrmw."""
     if not (isinstance(counter,
                        types.Array) and counter.dtype == types.int64 and counter.ndim == 1):
         return None
@@ -278,9 +267,8 @@ def _atomic_add(typingctx, counter, idx, val):
 @njit(cache=True, nogil=True, error_model="numpy")
 def atomic_fetch_add(counter, idx, val):
     """C's atomic_fetch_add_explicit(&counter[idx], val, memory_order_relaxed) on an
-    int64 array:
-    correct when several threads running nogil kernels add to the same element at
-    once."""
+    int64 array: correct when several threads running nogil kernels add to the same
+    element at once."""
     return _atomic_add(counter, idx, val)
 
 # %% book/05_cpu_kernels.ipynb #kern-src1
@@ -314,19 +302,17 @@ def _needs_conversion(src0_type, src1):
 
 def mul_mat_wsize(src0_type, src1):
     """Bytes of work buffer mul_mat needs: row_size(vec_dot_type, nelements(src1)) when
-    src1 must
-    be converted, 0 when it is read in place (ggml_graph_plan's formula)."""
+    src1 must be converted, 0 when it is read in place (ggml_graph_plan's formula)."""
     vdt = get_type_traits_cpu(src0_type).vec_dot_type
     return row_size(vdt, src1.size) if _needs_conversion(src0_type, src1) else 0
 
 
 def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
     """Phase 1 of ggml_compute_forward_mul_mat: an F32 src1 (ne13, ne12, ne11, ne10) is
-    converted
-    to src0's vec_dot_type, densely, into the uint8 work buffer wdata (row i at
-    i*row_size(vec_dot_type, ne10)); thread ith converts blocks [ith*nblk/nth,
-    (ith+1)*nblk/nth)
-    of every row. Does nothing when src1 already has the vec_dot_type."""
+    converted to src0's vec_dot_type, densely, into the uint8 work buffer wdata (row i
+    at i*row_size(vec_dot_type, ne10)); thread ith converts blocks [ith*nblk/nth,
+    (ith+1)*nblk/nth) of every row. Does nothing when src1 already has the
+    vec_dot_type."""
     if not _needs_conversion(src0_type, src1):
         return
     vdt = get_type_traits_cpu(src0_type).vec_dot_type
@@ -341,11 +327,9 @@ def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
 # %% book/05_cpu_kernels.ipynb #kern-chunk
 @njit(cache=True, nogil=True, error_model="numpy")
 def _vec_dot_rows(t, n, x, r0, r1, y, out):
-    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is
-    looked up once
-    per call, and each branch is a loop around one kernel, pasted in (a type test and a
-    call per
-    row cost about 10 %)."""
+    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is looked
+    up once per call, and each branch is a loop around one kernel, pasted in (a type
+    test and a call per row cost about 10 %)."""
     if t == _Q4_0:
         for r in range(r0, r1):
             out[r] = vec_dot_q4_0_q8_0(n, x[r], y)
@@ -382,9 +366,8 @@ def _vec_dot_flt_impl(t, n, x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
     """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1
-    converted
-    into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13 by
-    division."""
+    converted into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13
+    by division."""
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
         for iir0 in range(ir0s, ir0e, 16):
@@ -464,10 +447,9 @@ def mul_mat_chunk_rows(chunk, nr0, nr1, nchunk0, dr0, dr1):
 
 def mul_mat_check(src0_type, src0, src1, dst):
     """ggml's asserts of ggml_compute_forward_mul_mat, as GGMLError: dst = [ne01, ne11,
-    ne12, ne13],
-    ne00 == ne10, ne12 % ne02 == 0 and ne13 % ne03 == 0; src0 and src1 rows contiguous;
-    src1 F32
-    or the vec_dot_type; dst F32, neither transposed nor permuted."""
+    ne12, ne13], ne00 == ne10, ne12 % ne02 == 0 and ne13 % ne03 == 0; src0 and src1 rows
+    contiguous; src1 F32 or the vec_dot_type; dst F32, neither transposed nor
+    permuted."""
     t = Type(src0_type)
     vdt = get_type_traits_cpu(t).vec_dot_type
     for name, x in (("src0", src0), ("src1", src1), ("dst", dst)):
@@ -500,10 +482,9 @@ def mul_mat_check(src0_type, src0, src1, dst):
 
 # %% book/05_cpu_kernels.ipynb #kern-mulmat-chunk-py
 def _mm_operands(src0_type, src0, src1, wdata):
-    """(t, n, a, b, quantized) as the kernels take them: a = src0 as numba reads it, b
-    = src1 in
-    place or its converted rows in wdata (uint16 rows for F16/BF16, flat bytes when
-    quantized)."""
+    """(t, n, a, b, quantized) as the kernels take them: a = src0 as numba reads it, b =
+    src1 in place or its converted rows in wdata (uint16 rows for F16/BF16, flat bytes
+    when quantized)."""
     t = Type(src0_type)
     a, b = (src0.view(np.uint16) if src0.dtype == np.float16 else src0), src1
     if src1.dtype == np.float16:
@@ -518,9 +499,8 @@ def _mm_operands(src0_type, src0, src1, wdata):
 def forward_mul_mat_chunk(src0_type, src0, src1, dst, wdata, ir0_start, ir0_end,
                           ir1_start, ir1_end):
     """Phase 2, one chunk: dst rows [ir0_start, ir0_end) (src0 rows) x [ir1_start,
-    ir1_end) (src1
-    rows counted over ne11*ne12*ne13). src1 is read from wdata if phase 1 converted
-    it."""
+    ir1_end) (src1 rows counted over ne11*ne12*ne13). src1 is read from wdata if phase 1
+    converted it."""
     t, n, a, b, quantized = _mm_operands(src0_type, src0, src1, wdata)
     if quantized:
         ne13, ne12, ne11 = src1.shape[:3]
@@ -537,9 +517,9 @@ _NO_OWNER = np.zeros(0, np.int32)
 def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
                            owner=None):
     """Phase 2 as ggml runs it on thread ith of nth: chunk ith, then chunks claimed from
-    counter[0] (an int64 array, set to nth by thread 0 before the barrier) until none
-    is left.
-    owner, if given (int32, one per chunk), records which thread computed each chunk."""
+    counter[0] (an int64 array, set to nth by thread 0 before the barrier) until none is
+    left. owner, if given (int32, one per chunk), records which thread computed each
+    chunk."""
     t, n, a, b, quantized = _mm_operands(src0_type, src0, src1, wdata)
     nr0, nr1 = dst.shape[3], dst.shape[0] * dst.shape[1] * dst.shape[2]
     chunks = mul_mat_chunks(nr0, nr1, nth)
