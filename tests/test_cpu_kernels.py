@@ -1158,3 +1158,27 @@ def test_quantized_dots_same_bits_without_vnni_or_avx2(path, tmp_path):
     out = subprocess.run([sys.executable, "-c", _PATHS, path, str(MULMAT_REF)] + _QDOT_TYPES, env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == [w for t in _QDOT_TYPES for w in (t, "0")], out
+
+
+def test_v_expf_and_soft_max_are_ggmls_avx2_bits():
+    """ggml_v_expf (vec.h, __m256) and the soft_max row around ggml_vec_soft_max_f32's AVX2 path,
+    compiled from ggml 0.15.3's code by tests/ggml_ref/vexpf_ref.py: the same bits, over inputs
+    that take both slow paths (|n| > 126 and > 192), +-inf, NaN, and masked rows whose length is
+    and is not a multiple of 8 (the last ones with the C library's expf)."""
+    from numba import njit
+    from ggml_lite.backends.cpu import ops as K
+    ref = np.load(Path(__file__).parent / "data/vexpf_ref.npz")
+
+    @njit
+    def expf_all(x):
+        y = np.empty_like(x)
+        for i in range(x.size):
+            y[i] = K.v_expf(x[i])
+        return y
+    got = expf_all(ref["expf_x"])
+    assert np.array_equal(got.view(np.uint32), ref["expf_y"].view(np.uint32))
+    for n in (256, 40, 13):
+        x, mask, y = ref[f"sm{n}_x"], ref[f"sm{n}_mask"], ref[f"sm{n}_y"]
+        out = np.empty((1, 1, *x.shape), np.float32)
+        K.forward_soft_max(x[None, None], mask[None, None], out, float(ref[f"sm{n}_scale"]), 0.0)
+        assert np.array_equal(out[0, 0].view(np.uint32), y.view(np.uint32)), n

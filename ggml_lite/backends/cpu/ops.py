@@ -104,6 +104,63 @@ def forward_norm(src0, dst, eps, ith=0, nth=1):
     _check_norm("norm", src0, dst, eps)
     _norm(src0, dst, np.float32(eps), ith, nth)
 
+# %% book/05_cpu_kernels.ipynb #kern-vexpf
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _fmaf(typingctx, a, b, c):
+    """a * b + c in float32, rounded once (llvm.fma: vfmadd)."""
+    if not all(t == types.float32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = ir.Function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3),
+                        "llvm.fma.f32") if "llvm.fma.f32" not in builder.module.globals \
+            else builder.module.globals["llvm.fma.f32"]
+        return builder.call(f, list(args))
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
+def _bits(typingctx, x):
+    """The bits of a float32 as an int32 (_mm256_castps_si256), or of an int32 as a float32."""
+    if x not in (types.float32, types.int32):
+        return None
+    out = types.int32 if x == types.float32 else types.float32
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], context.get_value_type(out))
+    return out(x), codegen
+
+
+_E_R, _E_LOG2E = np.float32(float.fromhex("0x1.8p23")), np.float32(float.fromhex("0x1.715476p+0"))
+_E_LN2_HI, _E_LN2_LO = np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_E_P = tuple(np.float32(float.fromhex(h)) for h in
+             ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3", "0x1.573e2ep-5", "0x1.0e4020p-7"))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def v_expf(x):
+    """One lane of ggml_v_expf (AVX2): exp(x) in float32, as ggml's soft_max and silu take it."""
+    z = _fmaf(x, _E_LOG2E, _E_R)
+    n = z - _E_R
+    b = _fmaf(-n, _E_LN2_LO, _fmaf(-n, _E_LN2_HI, x))
+    e = np.int32((np.int64(_bits(z)) << 23) & 0xFFFFFFFF)            # slli_epi32 (wraps)
+    k = _bits(np.int32(np.int64(e) + 0x3F800000))                   # + the bits of 1.0f
+    u = b * b
+    j = _fmaf(_fmaf(_fmaf(_E_P[4], b, _E_P[3]), u, _fmaf(_E_P[2], b, _E_P[1])), u, _E_P[0] * b)
+    if not abs(n) > np.float32(126.0):
+        return _fmaf(j, k, k)
+    g = np.int64(-2113929216) if n <= 0 else np.int64(0)           # 0x82000000 where n <= 0
+    s1 = _bits(np.int32(g + 0x7F000000))
+    s2 = _bits(np.int32((np.int64(e) - g) & 0xFFFFFFFF))                # sub_epi32 (wraps)
+    if abs(n) > np.float32(192.0):
+        return s1 * s1
+    return _fmaf(s2, j, s2) * s1
+
 # %% book/05_cpu_kernels.ipynb #kern-softmax
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
@@ -131,9 +188,19 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                         w += slope * ld(m[i3 % ne13, i2 % ne12, i1, i], tm)
                     y[i] = w
                     mx = max(mx, w)
-                # ggml_vec_soft_max_f32: sum in double
-                s = 0.0
-                for i in range(ne0):
+                # ggml_vec_soft_max_f32 (AVX2): eight at a time, their float sum (hsum) added
+                # in double; the last ne0 % 8 with expf, one by one
+                s, i = 0.0, 0
+                while i + 8 <= ne0:
+                    v0, v1 = v_expf(y[i] - mx), v_expf(y[i + 1] - mx)
+                    v2, v3 = v_expf(y[i + 2] - mx), v_expf(y[i + 3] - mx)
+                    v4, v5 = v_expf(y[i + 4] - mx), v_expf(y[i + 5] - mx)
+                    v6, v7 = v_expf(y[i + 6] - mx), v_expf(y[i + 7] - mx)
+                    y[i], y[i + 1], y[i + 2], y[i + 3] = v0, v1, v2, v3
+                    y[i + 4], y[i + 5], y[i + 6], y[i + 7] = v4, v5, v6, v7
+                    s += np.float64(((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)))
+                    i += 8
+                for i in range(i, ne0):
                     e = np.exp(y[i] - mx)
                     y[i] = e
                     s += np.float64(e)
