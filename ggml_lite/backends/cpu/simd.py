@@ -42,15 +42,15 @@ def _shuffle(builder, v, lanes):
 
 def _pairs(builder, v, n):
     """Adjacent lanes of the n-lane vector v added: lane k = v[2k] + v[2k+1]."""
-    return builder.add(_shuffle(builder, v, range(0, n, 2)), _shuffle(builder, v,
-                                                                      range(1, n, 2)))
+    return builder.add(_shuffle(builder, v, range(0, n, 2)),
+                       _shuffle(builder, v, range(1, n, 2)))
 
 
 def _splat(context, builder, value, fromty, vecty):
     """A scalar converted to vecty's lane type and put in every lane."""
     lane = context.cast(builder, value, fromty, vecty.dtype)
-    one = builder.insert_element(ir.Constant(context.get_value_type(vecty),
-                                             ir.Undefined), lane, _I32(0))
+    one = builder.insert_element(
+        ir.Constant(context.get_value_type(vecty), ir.Undefined), lane, _I32(0))
     return _shuffle(builder, one, [0] * vecty.count)
 
 
@@ -64,23 +64,22 @@ def _pointer(context, builder, aryty, ary, i, vecty):
 def _loader(lane):
     @intrinsic
     def load(typingctx, a, i, n):
-        if not (isinstance(a, types.Array) and a.dtype == types.uint8 and isinstance(n,
-                                                                                     types.IntegerLiteral)):
+        if not (isinstance(a, types.Array) and a.dtype == types.uint8
+                and isinstance(n, types.IntegerLiteral)):
             return None
         rt = Vec(lane, n.literal_value)
 
         def codegen(context, builder, sig, args):
-            return builder.load(_pointer(context, builder, sig.args[0], args[0],
-                                         args[1], rt), align=1)
+            return builder.load(
+                _pointer(context, builder, sig.args[0], args[0], args[1], rt), align=1)
         return rt(a, i, n), codegen
     return load
 
 
-# vload(a, i, n): the n bytes a[i], ..., a[i+n-1] of a uint8 array as Vec(uint8 x n), n
-# a constant,
-# in one unaligned load (the bytes are contiguous: the kernels read rows of blocks).
-# vload_i16: n
-# int16 stored little-endian from byte a[i] on, as Vec(int16 x n) (block_q8_K's bsums).
+# vload(a, i, n): the n bytes a[i], ..., a[i+n-1] of a uint8 array as Vec(uint8 x n),
+# n a constant, in one unaligned load (the bytes are contiguous: the kernels read rows
+# of blocks). vload_i16: n int16 stored little-endian from byte a[i] on, as
+# Vec(int16 x n) (block_q8_K's bsums).
 vload, vload_i16 = _loader(types.uint8), _loader(types.int16)
 
 
@@ -96,15 +95,14 @@ def _bytes_as(lane):
     return retype
 
 
-# vi8(v), vu8(v): the same bytes read as int8, as uint8: a change of type, no
-# instruction.
+# vi8(v), vu8(v): the same bytes as int8, as uint8 (a type change, no instruction).
 vi8, vu8 = _bytes_as(types.int8), _bytes_as(types.uint8)
 
 # %% book/92_making_python_fast.ipynb #97c14a29
 @intrinsic
 def vas(typingctx, v, dtype):
-    """The same bits as lanes of dtype: vas(Vec(uint8 x 4), np.uint32) is Vec(uint32 x
-    1)."""
+    """The same bits as lanes of dtype: vas(Vec(uint8 x 4), np.uint32) is
+    Vec(uint32 x 1)."""
     if not (isinstance(v, Vec) and isinstance(dtype, types.NumberClass)):
         return None
     lane, bits = dtype.instance_type, v.count * v.dtype.bitwidth
@@ -120,8 +118,8 @@ def vas(typingctx, v, dtype):
 @intrinsic
 def vzero(typingctx, dtype, n):
     """Vec(dtype x n) of zeros, e.g. vzero(np.float32, 16)."""
-    if not (isinstance(dtype, types.NumberClass) and isinstance(n,
-                                                                types.IntegerLiteral)):
+    if not (isinstance(dtype, types.NumberClass)
+            and isinstance(n, types.IntegerLiteral)):
         return None
     rt = Vec(dtype.instance_type, n.literal_value)
 
@@ -146,8 +144,8 @@ def vcat(typingctx, a, b):
 @intrinsic
 def vget(typingctx, v, k):
     """Lane k of v, k a constant."""
-    if not (isinstance(v, Vec) and isinstance(k,
-                                              types.IntegerLiteral) and 0 <= k.literal_value < v.count):
+    if not (isinstance(v, Vec) and isinstance(k, types.IntegerLiteral)
+            and 0 <= k.literal_value < v.count):
         return None
 
     def codegen(context, builder, sig, args):
@@ -158,8 +156,8 @@ def vget(typingctx, v, k):
 @intrinsic
 def vpack(typingctx, t):
     """A tuple of numbers of one type as a Vec, element k in lane k."""
-    if not (isinstance(t, types.UniTuple) and isinstance(t.dtype, (types.Integer,
-                                                                   types.Float))):
+    if not (isinstance(t, types.UniTuple)
+            and isinstance(t.dtype, (types.Integer, types.Float))):
         return None
     rt = Vec(t.dtype, t.count)
 
@@ -181,9 +179,8 @@ def vi16(typingctx, v):
 
     def codegen(context, builder, sig, args):
         wide = context.get_value_type(rt)
-        return builder.sext(args[0],
-                            wide) if sig.args[0].dtype.signed else builder.zext(args[0],
-                                                                                wide)
+        return (builder.sext(args[0], wide) if sig.args[0].dtype.signed
+                else builder.zext(args[0], wide))
     return rt(v), codegen
 
 # %% book/92_making_python_fast.ipynb #kern-simd-dot
@@ -193,17 +190,17 @@ def vdot(typingctx, a, b):
     n/2) with lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1]. Either bytes (a's signed or
     unsigned as its dtype says, b's int8) or two int16 vectors: that is x86's pmaddwd,
     ggml's _mm256_madd_epi16. Exact."""
-    if not (isinstance(a, Vec) and isinstance(b,
-                                              Vec) and a.count == b.count and a.count % 2 == 0
-            and (a.dtype.bitwidth == b.dtype.bitwidth == 8 or a.dtype == b.dtype == types.int16)):
+    if not (isinstance(a, Vec) and isinstance(b, Vec)
+            and a.count == b.count and a.count % 2 == 0
+            and (a.dtype.bitwidth == b.dtype.bitwidth == 8
+                 or a.dtype == b.dtype == types.int16)):
         return None
     n = a.count
 
     def codegen(context, builder, sig, args):
         wide = ir.VectorType(_I32, n)
-        x = builder.sext(args[0],
-                         wide) if sig.args[0].dtype.signed else builder.zext(args[0],
-                                                                             wide)
+        x = (builder.sext(args[0], wide) if sig.args[0].dtype.signed
+             else builder.zext(args[0], wide))
         return _pairs(builder, builder.mul(x, builder.sext(args[1], wide)), n)
     return Vec(types.int32, n // 2)(a, b), codegen
 
@@ -212,8 +209,8 @@ def vdot(typingctx, a, b):
 def vpairs(typingctx, v):
     """Adjacent integer lanes added, lane k = v[2k] + v[2k+1], wrapping as C's (ggml's
     _mm_hadd_epi16 of the two halves)."""
-    if not (isinstance(v, Vec) and isinstance(v.dtype,
-                                              types.Integer) and v.count % 2 == 0):
+    if not (isinstance(v, Vec) and isinstance(v.dtype, types.Integer)
+            and v.count % 2 == 0):
         return None
 
     def codegen(context, builder, sig, args):
@@ -246,35 +243,32 @@ def vsum(typingctx, v):
         x, n = args[0], sig.args[0].count
         while n > 1:
             n //= 2
-            lo, hi = _shuffle(builder, x, range(n)), _shuffle(builder, x, range(n,
-                                                                                2 * n))
+            lo, hi = (_shuffle(builder, x, range(n)),
+                      _shuffle(builder, x, range(n, 2 * n)))
             x = builder.fadd(lo, hi) if isfloat else builder.add(lo, hi)
         return builder.extract_element(x, _I32(0))
     return v.dtype(v), codegen
 
 # %% book/92_making_python_fast.ipynb #kern-simd-ops
 # Lane-wise operators: Vec op Vec, or Vec op scalar (the scalar goes to every lane).
-# Integer lanes
-# wrap around as C's do, and >> is logical on unsigned lanes, arithmetic on signed ones.
-# Float
-# + - * carry LLVM's `contract` flag, so that acc + v * s becomes one fused multiply-
-# add.
+# Integer lanes wrap around as C's do, and >> is logical on unsigned lanes, arithmetic
+# on signed ones. Float + - * carry LLVM's `contract` flag, so that acc + v * s becomes
+# one fused multiply-add.
 _INT_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul",
-            operator.and_: "and_",
-            operator.or_: "or_", operator.lshift: "shl", operator.rshift: "lshr"}
+            operator.and_: "and_", operator.or_: "or_",
+            operator.lshift: "shl", operator.rshift: "lshr"}
 _FLOAT_OPS = {operator.add: "fadd", operator.sub: "fsub", operator.mul: "fmul"}
 _INPLACE = {operator.add: operator.iadd, operator.sub: operator.isub,
-            operator.mul: operator.imul,
-            operator.and_: operator.iand, operator.or_: operator.ior,
-            operator.lshift: operator.ilshift,
+            operator.mul: operator.imul, operator.and_: operator.iand,
+            operator.or_: operator.ior, operator.lshift: operator.ilshift,
             operator.rshift: operator.irshift}
 
 
 def _lanewise(op):
     @intrinsic
     def apply(typingctx, a, b):
-        if not (isinstance(a, Vec) and (b == a or isinstance(b, (types.Integer,
-                                                                 types.Float)))):
+        if not (isinstance(a, Vec)
+                and (b == a or isinstance(b, (types.Integer, types.Float)))):
             return None
         isfloat = isinstance(a.dtype, types.Float)
         if (op not in _FLOAT_OPS) if isfloat else isinstance(b, types.Float):
@@ -307,8 +301,8 @@ def vload_f16(typingctx, a, i, n):
     Vec(float32 x n), n a constant: one load of n halves and LLVM's `fpext half to
     float`, which on x86 with F16C is vcvtph2ps, ggml's GGML_F32Cx8_LOAD (a conversion
     in hardware, exact, no table)."""
-    if not (isinstance(a, types.Array) and a.dtype == types.uint16 and isinstance(n,
-                                                                                  types.IntegerLiteral)):
+    if not (isinstance(a, types.Array) and a.dtype == types.uint16
+            and isinstance(n, types.IntegerLiteral)):
         return None
     rt = Vec(types.float32, n.literal_value)
 
@@ -327,9 +321,8 @@ def vsplat2(typingctx, a, b, n):
     scales of two sub-blocks side by side, as ggml's
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, get_scale_shuffle(is))); vsplat2(s, s,
     16) is one scale in every lane."""
-    if not (isinstance(a, types.Integer) and isinstance(b,
-                                                        types.Integer) and isinstance(n,
-                                                                                      types.IntegerLiteral)):
+    if not (isinstance(a, types.Integer) and isinstance(b, types.Integer)
+            and isinstance(n, types.IntegerLiteral)):
         return None
     k = n.literal_value
     rt = Vec(types.int16, k)
@@ -348,9 +341,8 @@ def vpick2(typingctx, v, i, j, n):
     """Vec(v.dtype x n), i, j, n constants: lane i of v in the lower n/2 lanes, lane j
     in the upper ones; ggml's _mm_shuffle_epi8(scales, get_scale_shuffle(is)) on a
     vector of scales."""
-    if not (isinstance(v, Vec) and all(isinstance(k, types.IntegerLiteral) for k in (i,
-                                                                                     j,
-                                                                                     n))):
+    if not (isinstance(v, Vec)
+            and all(isinstance(k, types.IntegerLiteral) for k in (i, j, n))):
         return None
     k = n.literal_value
 
@@ -366,15 +358,14 @@ def _target_features():
     NUMBA_CPU_NAME."""
     if config.CPU_FEATURES:
         return {f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")}
-    if config.CPU_NAME not in (None,
-                               "host") or not llvm.get_process_triple().startswith("x86_64"):
+    if (config.CPU_NAME not in (None, "host")
+            or not llvm.get_process_triple().startswith("x86_64")):
         return set()
     return {name for name, on in llvm.get_host_cpu_features().items() if on}
 
 
 _FEATURES = _target_features()
-# pmaddubsw, pmaddwd on 32 bytes
-AVX2 = "avx2" in _FEATURES
+AVX2 = "avx2" in _FEATURES   # pmaddubsw, pmaddwd on 32 bytes
 AVX512_VNNI = AVX2 and {"avx512vnni", "avx512vl"} <= _FEATURES   # vpdpbusd on 32 bytes
 
 
@@ -389,32 +380,31 @@ def _maddubs_ir(builder, a, b, n):
     """pmaddubsw in plain IR: u8*i8 pairs in int32, saturated to int16."""
     wide, half = ir.VectorType(_I32, n), ir.VectorType(_I32, n // 2)
     s = _pairs(builder, builder.mul(builder.zext(a, wide), builder.sext(b, wide)), n)
-    lo, hi = ir.Constant(half, [-32768] * (n // 2)), ir.Constant(half,
-                                                                 [32767] * (n // 2))
+    lo, hi = (ir.Constant(half, [-32768] * (n // 2)),
+              ir.Constant(half, [32767] * (n // 2)))
     s = builder.select(builder.icmp_signed("<", s, lo), lo, s)
     s = builder.select(builder.icmp_signed(">", s, hi), hi, s)
     return builder.trunc(s, ir.VectorType(_I16, n // 2))
 
 
 def _u8_i8(a, b):
-    return isinstance(a, Vec) and isinstance(b,
-                                             Vec) and a.count == b.count and a.count % 4 == 0 \
+    return isinstance(a, Vec) and isinstance(b, Vec) \
+        and a.count == b.count and a.count % 4 == 0 \
         and a.dtype == types.uint8 and b.dtype == types.int8
 
 # %% book/92_making_python_fast.ipynb #kern-simd-x86-ops
 @intrinsic
 def vmaddubs(typingctx, a, b):
     """Unsigned bytes a times int8 b, summed in adjacent pairs into Vec(int16 x n/2),
-    saturated to
-    int16: x86's pmaddubsw, ggml's _mm256_maddubs_epi16."""
+    saturated to int16: x86's pmaddubsw, ggml's _mm256_maddubs_epi16."""
     if not _u8_i8(a, b):
         return None
     n = a.count
 
     def codegen(context, builder, sig, args):
         if AVX2 and n == 32:
-            return x86_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, 16),
-                        args)
+            return x86_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw",
+                                 ir.VectorType(_I16, 16), args)
         return _maddubs_ir(builder, args[0], args[1], n)
     return Vec(types.int16, n // 2)(a, b), codegen
 
@@ -424,8 +414,8 @@ def vdot4(typingctx, a, b):
     """Bytes a times int8 b, summed in fours: Vec(int32 x n/4), lane k = a[4k]*b[4k] +
     ... + a[4k+3]*b[4k+3], a's lanes signed or unsigned as its dtype says. Exact for
     every input."""
-    if not (isinstance(a, Vec) and isinstance(b,
-                                              Vec) and a.count == b.count and a.count % 4 == 0
+    if not (isinstance(a, Vec) and isinstance(b, Vec)
+            and a.count == b.count and a.count % 4 == 0
             and a.dtype in (types.uint8, types.int8) and b.dtype == types.int8):
         return None
     n, signed = a.count, a.dtype.signed
@@ -435,21 +425,20 @@ def vdot4(typingctx, a, b):
         if AVX512_VNNI and n == 32:            # vpdpbusd: u8*i8 in fours, no saturation
             zero, y = ir.Constant(v8, None), builder.bitcast(args[1], v8)
             if not signed:
-                return x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero,
-                                                                          builder.bitcast(args[0], v8), y])
-            # a + 128, unsigned, then 128*b off
+                return x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", v8,
+                                     [zero, builder.bitcast(args[0], v8), y])
+            # signed a: a + 128 (unsigned) in the dot, then 128*b taken off
             shift = ir.Constant(args[0].type, [128] * 32)
             x = builder.bitcast(builder.xor(args[0], shift), v8)
             s = x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, x, y])
-            off = x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [zero,
-                                                                     builder.bitcast(shift, v8), y])
+            off = x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", v8,
+                                [zero, builder.bitcast(shift, v8), y])
             return builder.sub(s, off)
         if AVX2 and n == 32 and not signed:    # pmaddubsw, then pmaddwd by ones
-            p = x86_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, 16),
-                     args)
-            return x86_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", v8, [ir.Constant(p.type,
-                                                                            [1] * 16),
-                                                                p])
+            p = x86_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw",
+                              ir.VectorType(_I16, 16), args)
+            return x86_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", v8,
+                                 [ir.Constant(p.type, [1] * 16), p])
         wide = ir.VectorType(_I32, n)
         x = builder.sext(args[0], wide) if signed else builder.zext(args[0], wide)
         p = _pairs(builder, builder.mul(x, builder.sext(args[1], wide)), n)
