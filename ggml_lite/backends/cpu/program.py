@@ -106,8 +106,8 @@ from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load, a
 def _view_intrinsic(layout):
     @intrinsic
     def view(typingctx, addr, shape, strides, dtype):
-        if not (isinstance(shape, types.UniTuple) and isinstance(dtype,
-                                                                 types.NumberClass)):
+        if not (isinstance(shape, types.UniTuple)
+                and isinstance(dtype, types.NumberClass)):
             return None
         arrty = types.Array(dtype.instance_type, shape.count, layout)
 
@@ -126,12 +126,10 @@ def _view_intrinsic(layout):
 
 
 # An array over memory that some numpy array owns: no reference is counted, nothing
-# allocated
-# (the program lives no longer than the tensors it points at). make_view's array is
-# C-contiguous
-# (numba computes an element's place from the shape); make_strided_view's has any byte
-# strides
-# (numba's layout "A": from the strides), for views, permutes and transposes.
+# allocated (the program lives no longer than the tensors it points at). make_view's
+# array is C-contiguous (numba computes an element's place from the shape);
+# make_strided_view's has any byte strides (numba's layout "A": from the strides), for
+# views, permutes and transposes.
 make_view = _view_intrinsic("C")
 make_strided_view = _view_intrinsic("A")
 
@@ -139,8 +137,8 @@ make_strided_view = _view_intrinsic("A")
 @njit(cache=True, nogil=True, inline="always")
 def _array(prog, k, s, dtype):
     o = SLOT + 9 * s
-    return make_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3],
-                                  prog[k, o + 4]),
+    return make_view(prog[k, o],
+                     (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
                      (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]),
                      dtype)
 
@@ -148,11 +146,11 @@ def _array(prog, k, s, dtype):
 @njit(cache=True, nogil=True, inline="always")
 def _strided(prog, k, s, dtype):
     o = SLOT + 9 * s
-    return make_strided_view(prog[k, o], (prog[k, o + 1], prog[k, o + 2], prog[k,
-                                                                               o + 3],
-                                          prog[k, o + 4]),
-                             (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k,
-                                                                                   o + 8]), dtype)
+    return make_strided_view(
+        prog[k, o],
+        (prog[k, o + 1], prog[k, o + 2], prog[k, o + 3], prog[k, o + 4]),
+        (prog[k, o + 5], prog[k, o + 6], prog[k, o + 7], prog[k, o + 8]),
+        dtype)
 
 
 # (public: an extra buffer type's compiled task reads its slots with it, 07c)
@@ -178,8 +176,8 @@ def _python_task(slot, k, ith, nth):
     program = PROGRAMS[slot]
     try:
         return program.run_python_task(k, ith, nth)
-    # KeyboardInterrupt, SystemExit: raised once the threads have met
     except BaseException as e:
+        # KeyboardInterrupt and SystemExit too: raised once the threads have met
         program.errors.append((ith, e))
         return 1
 
@@ -189,8 +187,7 @@ def _python_abort(slot):
 
 
 # No nogil=True on these two: they are only called from compiled code (which released
-# the GIL
-# when Python called it); the objmode block takes the GIL back for the call.
+# the GIL when Python called it); the objmode block takes the GIL back for the call.
 @njit(cache=True)
 def _call_python_task(slot, k, ith, nth):
     with objmode(r="int64"):                      # takes the GIL for this one task
@@ -218,23 +215,16 @@ def _get_rows_task(prog, k, ith, nth):
     t, s, f32 = prog[k, ARG], prog[k, ARG + 1], np.float32
     idx = _strided(prog, k, 2, np.int32)
     if s == ST_F32:
-        return C.get_rows_kernel(_strided(prog, k, 1, f32), t, idx, _strided(prog, k, 0,
-                                                                             f32), ith,
-                                 nth)
+        return C.get_rows_kernel(_strided(prog, k, 1, f32), t, idx,
+                                 _strided(prog, k, 0, f32), ith, nth)
     if s == ST_U16:
-        return C.get_rows_kernel(_strided(prog, k, 1, np.uint16), t, idx, _strided(prog,
-                                                                                   k, 0,
-                                                                                   f32),
-                                 ith, nth)
+        return C.get_rows_kernel(_strided(prog, k, 1, np.uint16), t, idx,
+                                 _strided(prog, k, 0, f32), ith, nth)
     if s == ST_U8:
-        return C.get_rows_kernel(_strided(prog, k, 1, np.uint8), t, idx, _strided(prog,
-                                                                                  k, 0,
-                                                                                  f32),
-                                 ith, nth)
-    return C.get_rows_kernel(_strided(prog, k, 1, np.int32), t, idx, _strided(prog, k,
-                                                                              0,
-                                                                              np.int32),
-                             ith, nth)
+        return C.get_rows_kernel(_strided(prog, k, 1, np.uint8), t, idx,
+                                 _strided(prog, k, 0, f32), ith, nth)
+    return C.get_rows_kernel(_strided(prog, k, 1, np.int32), t, idx,
+                             _strided(prog, k, 0, np.int32), ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -257,36 +247,31 @@ def _set_rows_task(prog, k, ith, nth):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _rope_task(prog, fp, k, ith, nth):
     a = ARG
-    pos, ff = _strided(prog, k, 2, np.int32)[0, 0, 0], _strided(prog, k, 3,
-                                                                np.float32)[0, 0, 0]
-    t, has_ff, n_dims, mode = prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k,
-                                                                                    a + 3]
+    pos, ff = (_strided(prog, k, 2, np.int32)[0, 0, 0],
+               _strided(prog, k, 3, np.float32)[0, 0, 0])
+    t, has_ff, n_dims, mode = (prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2],
+                               prog[k, a + 3])
     if prog[k, a + 4] == ST_F32:
         x, y = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k,
-                                                                                     2],
-                      fp[k, 3],
-                      fp[k, 4], fp[k, 5], ith, nth)
+        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1],
+                      fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
     else:
         x, y = _strided(prog, k, 1, np.uint16), _strided(prog, k, 0, np.uint16)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1], fp[k,
-                                                                                     2],
-                      fp[k, 3],
-                      fp[k, 4], fp[k, 5], ith, nth)
+        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1],
+                      fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max_task(prog, fp, k, ith, nth):
-    x, y, tm, has_mask = _strided(prog, k, 1, np.float32), _strided(prog, k, 0,
-                                                                    np.float32), prog[k,
-                                                                                      ARG], prog[k, ARG + 1] != 0
+    x, y, tm, has_mask = (_strided(prog, k, 1, np.float32),
+                          _strided(prog, k, 0, np.float32),
+                          prog[k, ARG], prog[k, ARG + 1] != 0)
     if prog[k, ARG + 2] == ST_F32:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask, fp[k,
-                                                                                   0],
-                          fp[k, 1], ith, nth)
+        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask,
+                          fp[k, 0], fp[k, 1], ith, nth)
     else:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask, fp[k, 0],
-                          fp[k, 1], ith, nth)
+        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask,
+                          fp[k, 0], fp[k, 1], ith, nth)
 
 # %% book/92_making_python_fast.ipynb #417371a7
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -296,48 +281,42 @@ def _glu_task(prog, fp, k, ith, nth):
     if prog[k, a + 4] == ST_F32:
         dt = np.float32
         U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt),
-                     offa, offb, t, fp[k, 0], fp[k, 1], ith, nth)
+                     _strided(prog, k, 0, dt), offa, offb, t, fp[k, 0], fp[k, 1],
+                     ith, nth)
     else:
         dt = np.uint16
         U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt),
-                     offa, offb, t, fp[k, 0], fp[k, 1], ith, nth)
+                     _strided(prog, k, 0, dt), offa, offb, t, fp[k, 0], fp[k, 1],
+                     ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_task(prog, k, ith, nth):
     """The float copy (cpy, cont, dup) between F32 and F16/BF16 bits, any strides on
     both sides."""
-    ta, td, same, s = prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0, prog[k,
-                                                                                  ARG + 3]
+    ta, td, same, s = (prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0,
+                       prog[k, ARG + 3])
     if s == 0:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0,
-                                                                        np.float32), td,
-                         same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta,
+                         _strided(prog, k, 0, np.float32), td, same, ith, nth)
     elif s == 1:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta, _strided(prog, k, 0,
-                                                                        np.uint16), td,
-                         same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta,
+                         _strided(prog, k, 0, np.uint16), td, same, ith, nth)
     elif s == 2:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0,
-                                                                       np.float32), td,
-                         same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta,
+                         _strided(prog, k, 0, np.float32), td, same, ith, nth)
     else:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta, _strided(prog, k, 0,
-                                                                       np.uint16), td,
-                         same, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta,
+                         _strided(prog, k, 0, np.uint16), td, same, ith, nth)
 
 # %% book/92_making_python_fast.ipynb #native-run-mm
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mul_mat_f(prog, k, x, y, state, owner, ith, nth):
     a = ARG
-    V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], x, y, _array(prog, k, 0,
-                                                                       np.float32),
-                              prog[k, a + 3],
+    V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], x, y,
+                              _array(prog, k, 0, np.float32), prog[k, a + 3],
                               prog[k, a + 4], prog[k, a + 5], prog[k, a + 6],
-                              state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
-                              owner, ith, nth)
+                              state[CURRENT_CHUNK:CURRENT_CHUNK + 1], owner, ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -347,8 +326,7 @@ def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
     if s == 0:
         _mul_mat_f(prog, k, _array(prog, k, 1, dt), _array(prog, k, 2, dt), state,
                    owner, ith, nth)
-    # src0 strided (slot 1), src1 contiguous
-    elif s == 2:
+    elif s == 2:                  # src0 strided (slot 1), src1 contiguous
         _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _array(prog, k, 2, dt), state,
                    owner, ith, nth)
     else:
@@ -364,34 +342,30 @@ def _sgemm_task(prog, k, dt, state, ith, nth):
     S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0],
                   _array(prog, k, 0, np.float32)[0, 0, 0],
                   _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1],
-                  prog[k, a + 2], prog[k, a + 3],
-                  prog[k, a + 4], c, ith, nth)
+                  prog[k, a + 2], prog[k, a + 3], prog[k, a + 4], c, ith, nth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mul_mat_src1_task(prog, k, ith, nth):
     a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
     if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
-        V.mul_mat_src1_kernel(prog[k, a], _strided(prog, k, 2, np.float32), w, prog[k,
-                                                                                    a + 1], prog[k, a + 2],
-                              prog[k, a + 3], ith, nth)
+        V.mul_mat_src1_kernel(prog[k, a], _strided(prog, k, 2, np.float32), w,
+                              prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
     else:
-        V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, np.float32), w, prog[k,
-                                                                                  a + 1], prog[k, a + 2],
-                              prog[k, a + 3], ith, nth)
+        V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, np.float32), w,
+                              prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
 
 # %% book/92_making_python_fast.ipynb #native-run-task
 @intrinsic
 def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
     """fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a numba
-    cfunc: an extra
-    buffer type's task (chapter 07c), called through a pointer as ggml calls
-    tensor_traits->compute_forward."""
+    cfunc: an extra buffer type's task (chapter 07c), called through a pointer as ggml
+    calls tensor_traits->compute_forward."""
     def codegen(context, builder, sig, vals):
-        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals,
-                                                                         sig.args)]
-        f = builder.inttoptr(vals[0], ir.FunctionType(ir.IntType(64),
-                                                      [ir.IntType(64)] * 6).as_pointer())
+        vals = [context.cast(builder, v, t, types.int64)
+                for v, t in zip(vals, sig.args)]
+        f = builder.inttoptr(
+            vals[0], ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6).as_pointer())
         return builder.call(f, vals[1:])
     return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), codegen
 
@@ -406,44 +380,40 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
     f32 = np.float32
     if kind == TASK_BINARY:
         if prog[k, STRIDED]:
-            B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32), _strided(prog, k, 2,
-                                                                            f32),
-                            _strided(prog, k, 0, f32), 0, 0, 0, ith, nth)
+            B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32),
+                            _strided(prog, k, 2, f32), _strided(prog, k, 0, f32),
+                            0, 0, 0, ith, nth)
         else:
-            B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2,
-                                                                        f32),
-                            _array(prog, k, 0, f32),
+            B.binary_kernel(prog[k, a], _array(prog, k, 1, f32),
+                            _array(prog, k, 2, f32), _array(prog, k, 0, f32),
                             0, 0, 0, ith, nth)
     elif kind == TASK_SCALE:
-        K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], fp[k,
-                                                                                      1], ith, nth)
+        K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0],
+                       fp[k, 1], ith, nth)
     elif kind == TASK_RMS_NORM:
         K.rms_norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0],
                           ith, nth)
     elif kind == TASK_NORM:
         K.norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith,
                       nth)
-    elif kind == TASK_MUL_MAT_SRC1:
-        # src1 to the vec_dot_type, a share per thread
+    elif kind == TASK_MUL_MAT_SRC1:   # src1 to the vec_dot_type, a share per thread
         if prog[k, a] >= 0:
             _mul_mat_src1_task(prog, k, ith, nth)
         if ith == 0:
             atomic_store(state, CURRENT_CHUNK, nth)
     elif kind == TASK_MUL_MAT_Q:
         b = _array(prog, k, 2, f32)
-        V.mul_mat_chunks_q_kernel(prog[k, a], prog[k, a + 1], _array(prog, k, 1,
-                                                                     np.uint8),
+        V.mul_mat_chunks_q_kernel(prog[k, a], prog[k, a + 1],
+                                  _array(prog, k, 1, np.uint8),
                                   _array(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
-                                  b.shape[2], b.shape[1],
-                                  b.shape[0], _array(prog, k, 0, f32), prog[k, a + 3],
-                                  prog[k, a + 4],
-                                  prog[k, a + 5], prog[k, a + 6],
+                                  b.shape[2], b.shape[1], b.shape[0],
+                                  _array(prog, k, 0, f32), prog[k, a + 3],
+                                  prog[k, a + 4], prog[k, a + 5], prog[k, a + 6],
                                   state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
                                   owner, ith, nth)
     elif kind == TASK_MUL_MAT_F32:
         _mul_mat_f_task(prog, k, f32, state, owner, ith, nth)
-    # F16 or BF16 weights: uint16 bits on both sides
-    elif kind == TASK_MUL_MAT_F16:
+    elif kind == TASK_MUL_MAT_F16:    # F16 or BF16 weights: uint16 bits on both sides
         _mul_mat_f_task(prog, k, np.uint16, state, owner, ith, nth)
     elif kind == TASK_GET_ROWS:
         if _get_rows_task(prog, k, ith, nth) >= 0:
@@ -457,23 +427,18 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
         _soft_max_task(prog, fp, k, ith, nth)
     elif kind == TASK_GLU:
         _glu_task(prog, fp, k, ith, nth)
-    # same type, both contiguous: bytes, in blocks
-    elif kind == TASK_COPY:
-        C.copy_blocks_kernel(_array(prog, k, 1, np.uint8)[0, 0, 0], _array(prog, k, 0,
-                                                                           np.uint8)[0,
-                                                                                     0,
-                                                                                     0],
-                             prog[k, a], ith, nth)
+    elif kind == TASK_COPY:    # same type, both contiguous: bytes, in blocks
+        C.copy_blocks_kernel(_array(prog, k, 1, np.uint8)[0, 0, 0],
+                             _array(prog, k, 0, np.uint8)[0, 0, 0], prog[k, a],
+                             ith, nth)
     elif kind == TASK_DUP:
         _dup_task(prog, k, ith, nth)
-    # llamafile's tinyBLAS (05): F32, or F16 bits on both sides
-    elif kind == TASK_SGEMM:
+    elif kind == TASK_SGEMM:   # llamafile's tinyBLAS (05): F32, or F16 bits both sides
         if prog[k, a + 5] == ST_F32:
             _sgemm_task(prog, k, f32, state, ith, nth)
         else:
             _sgemm_task(prog, k, np.uint16, state, ith, nth)
-    # ARG: the task's function, then its own integers
-    elif kind == TASK_EXTRA:
+    elif kind == TASK_EXTRA:   # ARG: the task's function, then its own integers
         return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k,
                           state.ctypes.data, ith, nth)
     else:
