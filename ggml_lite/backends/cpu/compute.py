@@ -277,7 +277,8 @@ _NORM_KIND = {Op.RMS_NORM: P.TASK_RMS_NORM, Op.NORM: P.TASK_NORM}
 def _f32s(*arrays):
     """True when every array is float32 and C-contiguous: what the compiled tasks
     take."""
-    return all(a is not None and a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+    return all(a is not None and a.dtype == np.float32 and a.flags.c_contiguous
+               for a in arrays)
 
 
 def _lower_binary(node, p, nth):
@@ -292,8 +293,8 @@ def _lower_scale(node, p, nth):
     a, d = p.view(node.src[0]), p.view(node)
     if not _f32s(a, d) or a.shape != d.shape:
         return None
-    return [(P.TASK_SCALE, [], (d, a), (get_op_params_f32(node, 0),
-                                        get_op_params_f32(node, 1)))]
+    return [(P.TASK_SCALE, [], (d, a),
+             (get_op_params_f32(node, 0), get_op_params_f32(node, 1)))]
 
 
 def _lower_norm(node, p, nth):
@@ -309,8 +310,8 @@ from ggml_lite.backends.cpu import unary_ops as U
 from ggml_lite.backends.cpu.table import glu_args, rope_args, soft_max_args
 
 _STORAGE = {np.dtype(np.float32): P.ST_F32, np.dtype(np.uint16): P.ST_U16,
-            np.dtype(np.uint8): P.ST_U8,
-            np.dtype(np.int32): P.ST_I32, np.dtype(np.int64): P.ST_I64}
+            np.dtype(np.uint8): P.ST_U8, np.dtype(np.int32): P.ST_I32,
+            np.dtype(np.int64): P.ST_I64}
 
 
 def _operands(f, *args):
@@ -322,8 +323,7 @@ def _operands(f, *args):
         return None
 
 
-def _flat4(x):
-    # a 1-D contiguous array as the 4-D view a slot holds
+def _flat4(x):   # a 1-D contiguous array as the 4-D view a slot holds
     return x.reshape(1, 1, 1, -1)
 
 
@@ -342,9 +342,8 @@ def _lower_set_rows(node, p, nth):
     if ops is None:
         return None
     b, idx, d, td = ops
-    return [(P.TASK_SET_ROWS, [int(td), _STORAGE[d.dtype], _STORAGE[idx.dtype]], (d, b,
-                                                                                  idx),
-             ())]
+    return [(P.TASK_SET_ROWS, [int(td), _STORAGE[d.dtype], _STORAGE[idx.dtype]],
+             (d, b, idx), ())]
 
 
 def _lower_rope(node, p, nth):
@@ -352,8 +351,8 @@ def _lower_rope(node, p, nth):
     if ops is None or not (ops[1].flags.c_contiguous and ops[2].flags.c_contiguous):
         return None
     a, pos, ff, d, ta, has_ff, n_dims, mode, *params = ops
-    return [(P.TASK_ROPE, [ta, int(has_ff), n_dims, mode, _STORAGE[a.dtype]], (d, a,
-                                                                               _flat4(pos), _flat4(ff)), params)]
+    return [(P.TASK_ROPE, [ta, int(has_ff), n_dims, mode, _STORAGE[a.dtype]],
+             (d, a, _flat4(pos), _flat4(ff)), params)]
 
 
 def _lower_soft_max(node, p, nth):
@@ -361,8 +360,8 @@ def _lower_soft_max(node, p, nth):
     if ops is None:
         return None
     a, m, d, tm, has_mask, scale, max_bias = ops
-    return [(P.TASK_SOFT_MAX, [tm, int(has_mask), _STORAGE[m.dtype]], (d, a, m), (scale,
-                                                                                  max_bias))]
+    return [(P.TASK_SOFT_MAX, [tm, int(has_mask), _STORAGE[m.dtype]], (d, a, m),
+             (scale, max_bias))]
 
 # %% book/92_making_python_fast.ipynb #282be214
 def _lower_glu(node, p, nth):
@@ -370,13 +369,13 @@ def _lower_glu(node, p, nth):
     if ops is None:
         return None
     op, a, b, d, offa, offb, ta, alpha, limit = ops
-    return [(P.TASK_GLU, [op, offa, offb, ta, _STORAGE[a.dtype]], (d, a, b), (alpha,
-                                                                              limit))]
+    return [(P.TASK_GLU, [op, offa, offb, ta, _STORAGE[a.dtype]], (d, a, b),
+             (alpha, limit))]
 
 
 def _lower_dup(node, p, nth):
-    ops = _operands(C.dup_operands, p.view(node.src[0]), p.view(node), node.src[0].type,
-                    node.type)
+    ops = _operands(C.dup_operands, p.view(node.src[0]), p.view(node),
+                    node.src[0].type, node.type)
     if ops is None:
         return None
     kernel, args = ops
@@ -425,34 +424,32 @@ def mul_mat_src1_row(vdt, convert, d, a, b, w4):
     """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer
     (w4) when convert, then the chunk counter set to the thread count (also used by
     07c's repacked kernel)."""
-    return (P.TASK_MUL_MAT_SRC1, [int(vdt) if convert else -1,
-                                  row_size(vdt, b.shape[3]), blck_size(vdt),
-                                  type_size(vdt)], (d, a, b, w4), ())
+    return (P.TASK_MUL_MAT_SRC1,
+            [int(vdt) if convert else -1, row_size(vdt, b.shape[3]), blck_size(vdt),
+             type_size(vdt)], (d, a, b, w4), ())
 
 
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
     kernel = cpu_kernel(node)
-    # an extra buffer type's kernel (07c): its own rows,
     if kernel is not CPU_KERNELS[Op.MUL_MAT]:
-        # or called back
+        # an extra buffer type's kernel (07c): its own rows, or called back
         return kernel.lower(node, p, nth) if kernel.lower is not None else None
     t, src1 = node.src[0].type, node.src[1]
     a, b, d = p.view(node.src[0]), p.view(src1), p.view(node)
     sg = mul_mat_sgemm(node, a, b, d, p.wdata, nth) if p.llamafile else None
-    # llamafile's sgemm: src1 to F16 first, or only the counter
-    if sg is not None:
+    if sg is not None:   # llamafile's sgemm: src1 to F16 first, or only the counter
         conv, A, B, C, ld, *ints = sg
-        vdt, f4 = V.get_type_traits_cpu(t).vec_dot_type, lambda x: x.reshape(1, 1, 1,
-                                                                             -1)
+        vdt, f4 = (V.get_type_traits_cpu(t).vec_dot_type,
+                   lambda x: x.reshape(1, 1, 1, -1))
         w4 = f4(p.wdata) if conv else f4(np.zeros(1, np.uint8))
         if ints[3] == 0:                             # Q8_0 x Q8_0 (rn 0): tinyBLAS_Q0
             return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
                     (P.TASK_EXTRA, [_sgemm_q0_task_address(), *ints[:3]],
                      (f4(C), f4(A), f4(B), f4(ld)), ())]
         return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
-                (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]], (f4(C), f4(A), f4(B),
-                                                            f4(ld)), ())]
+                (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]],
+                 (f4(C), f4(A), f4(B), f4(ld)), ())]
     if a.dtype == np.float16:
         a = a.view(np.uint16)
     vdt = V.get_type_traits_cpu(t).vec_dot_type
@@ -468,37 +465,31 @@ def _lower_mul_mat(node, p, nth):
         kind, y = P.TASK_MUL_MAT_Q, b
     elif t == Type.F32:
         kind, y = P.TASK_MUL_MAT_F32, b
-    # F16 / BF16: src1 as is, or converted in wdata
-    else:
+    else:                # F16 / BF16: src1 as is, or converted in wdata
         kind = P.TASK_MUL_MAT_F16
-        y = w[:row_size(vdt,
-                        b.size)].view(np.uint16).reshape(b.shape) if convert else b.view(np.uint16)
-    if not d.flags.c_contiguous or d.dtype != np.float32 or (is_quantized(t) and not a.flags.c_contiguous):
-        # (float weights and src1 may be strided)
+        y = (w[:row_size(vdt, b.size)].view(np.uint16).reshape(b.shape) if convert
+             else b.view(np.uint16))
+    # (float weights and src1 may be strided)
+    if not d.flags.c_contiguous or d.dtype != np.float32 \
+            or (is_quantized(t) and not a.flags.c_contiguous):
         return None
     return [src1_task, (kind, [int(t), n, rs, *chunks], (d, a, y, w4), ())]
 
 # %% book/92_making_python_fast.ipynb #3366bcd2
 _LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary,
-          Op.DIV: _lower_binary,
-          Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm, Op.NORM: _lower_norm,
-          Op.MUL_MAT: _lower_mul_mat,
+          Op.DIV: _lower_binary, Op.SCALE: _lower_scale, Op.RMS_NORM: _lower_norm,
+          Op.NORM: _lower_norm, Op.MUL_MAT: _lower_mul_mat,
           Op.GET_ROWS: _lower_get_rows, Op.SET_ROWS: _lower_set_rows,
-          Op.ROPE: _lower_rope,
-          Op.SOFT_MAX: _lower_soft_max, Op.GLU: _lower_glu, Op.CPY: _lower_dup,
-          Op.CONT: _lower_dup,
-          Op.DUP: _lower_dup}
+          Op.ROPE: _lower_rope, Op.SOFT_MAX: _lower_soft_max, Op.GLU: _lower_glu,
+          Op.CPY: _lower_dup, Op.CONT: _lower_dup, Op.DUP: _lower_dup}
 
 # %% book/92_making_python_fast.ipynb #native-lower2
 def _lower(cgraph, cplan, tasks, p):
     """The program: one row per task, compiled where _LOWER has the node's kernel (F32
-    and
-    contiguous for the element-wise ops), a call back to the task's Python kernel
-    otherwise.
-    p: the Preparing the tasks were made with, so each tensor's numpy view is made
-    once. The
-    arrays the rows point at are returned too: the program must keep the ones made for
-    it."""
+    and contiguous for the element-wise ops), a call back to the task's Python kernel
+    otherwise. p: the Preparing the tasks were made with, so each tensor's numpy view
+    is made once. The arrays the rows point at are returned too: the program must keep
+    the ones made for it."""
     prog = np.zeros((len(tasks), P.ROW_SIZE), np.int64)
     fp = np.zeros((len(tasks), P.N_FPARAMS), np.float32)
     k, keep = 0, []
@@ -510,12 +501,11 @@ def _lower(cgraph, cplan, tasks, p):
         if rows is None or len(rows) != len(node_tasks):
             rows = [(P.TASK_PYTHON, [], (), ())] * len(node_tasks)
         for kind, args, arrays, fparams in rows:
-            prog[k, P.KIND], prog[k, P.NTH], prog[k,
-                                                  P.NODE] = kind, tasks[k].nth, tasks[k].index
+            prog[k, P.KIND], prog[k, P.NTH], prog[k, P.NODE] = (kind, tasks[k].nth,
+                                                                tasks[k].index)
             prog[k, P.ARG:P.ARG + len(args)] = args
             for s, arr in enumerate(arrays):
-                P.set_slot(prog[k], s, arr)
-                # a bit per slot
+                P.set_slot(prog[k], s, arr)   # and a bit per strided slot:
                 prog[k, P.STRIDED] |= 0 if arr.flags.c_contiguous else 1 << s
             fp[k, :len(fparams)] = fparams
             keep.append(arrays)
@@ -532,11 +522,9 @@ class _Native:
         self.tasks = tasks
         self.prog, self.fp, self.arrays = _lower(cgraph, cplan, tasks, p)
         self.state = np.zeros(P.STATE_SIZE, np.int64)
-        # no chunk record (a traced plan runs the Python loop)
-        self.owner = np.zeros(0, np.int32)
+        self.owner = np.zeros(0, np.int32)  # no chunk record (a traced plan: Python's)
         self.errors, self.cplan = [], None
-        # call-backs into Python so far (all threads)
-        self.python_calls = 0
+        self.python_calls = 0   # call-backs into Python so far (all threads)
         self.slot = next(self._slots)
         P.PROGRAMS[self.slot] = self
 
@@ -560,14 +548,14 @@ class _Native:
     def ask_abort(self):
         try:
             return 1 if self.cplan.abort_callback(self.cplan.abort_callback_data) else 0
-        # raised in the caller, as the Python loop does
-        except BaseException as e:
+        except BaseException as e:   # raised in the caller, as the Python loop does
             self.errors.append((0, e))
             return 2
 
     def compute(self, tp, cplan):
         st = self.state
-        st[P.ABORT], st[P.STOPPED], st[P.N_BARRIER], st[P.N_THREADS] = 0, 0, 0, tp.n_threads
+        st[P.ABORT], st[P.STOPPED], st[P.N_BARRIER], st[P.N_THREADS] = (0, 0, 0,
+                                                                        tp.n_threads)
         st[P.HAS_ABORT] = cplan.abort_callback is not None
         self.cplan = cplan
         try:

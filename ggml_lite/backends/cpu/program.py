@@ -461,11 +461,11 @@ def _drop_stale_cache():
     looked after.)"""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
     deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py",
-                               "vec.py",
-                               "simd.py", "cpy.py", "unary_ops.py", "sgemm.py",
-                               "program.py")]
+                               "vec.py", "simd.py", "cpy.py", "unary_ops.py",
+                               "sgemm.py", "program.py")]
     deps.append(here.parents[1] / "types.py")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps if p.exists())).hexdigest()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps
+                                     if p.exists())).hexdigest()
     cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
     try:
         old = stamp.read_text()
@@ -477,8 +477,7 @@ def _drop_stale_cache():
         for f in [*cache.glob("program.*.nb[ic]"), *cache.glob("threadpool.*.nb[ic]")]:
             f.unlink()
         stamp.write_text(digest)
-    except OSError:
-        # no cache here, or not writable: nothing to drop
+    except OSError:   # no cache here, or not writable: nothing to drop
         pass
 
 

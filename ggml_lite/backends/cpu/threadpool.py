@@ -195,9 +195,8 @@ from ggml_lite.backends.cpu.program import (N_FPARAMS, ROW_SIZE, SPINS_BEFORE_YI
                                             graph_compute_thread, make_view)
 
 # A threadpool's control block: int64 slots, each group on its own cache line. TP_JOB
-# holds the
-# kind of the job kicked off, then (for a program) the addresses and sizes of its
-# arrays.
+# holds the kind of the job kicked off, then (for a program) the addresses and sizes of
+# its arrays.
 TP_N_GRAPH, TP_STOP, TP_SLEEPING, TP_N_DONE, TP_JOB = 0, 8, 16, 24, 32
 TP_CTL_SIZE = 40
 JOB_PYTHON, JOB_PROGRAM = 0, 1
@@ -211,8 +210,11 @@ def threadpool_kickoff(ctl, kind, prog, fp, state, owner, slot):
     how many workers sleep on the pool's condition variable: the caller wakes them only
     if there are any."""
     j = TP_JOB
-    ctl[j], ctl[j + 1], ctl[j + 2], ctl[j + 3] = kind, prog.ctypes.data, prog.shape[0], fp.ctypes.data
-    ctl[j + 4], ctl[j + 5], ctl[j + 6], ctl[j + 7] = state.ctypes.data, owner.ctypes.data, owner.size, slot
+    ctl[j], ctl[j + 1], ctl[j + 2], ctl[j + 3] = (kind, prog.ctypes.data, prog.shape[0],
+                                                  fp.ctypes.data)
+    ctl[j + 4], ctl[j + 5], ctl[j + 6], ctl[j + 7] = (state.ctypes.data,
+                                                      owner.ctypes.data, owner.size,
+                                                      slot)
     atomic_store(ctl, TP_N_DONE, 0)
     atomic_fetch_add_seq(ctl, TP_N_GRAPH, 1)
     return atomic_load(ctl, TP_SLEEPING)
@@ -233,24 +235,18 @@ def _run_program(ctl, ith):
     graph_compute_thread(prog, fp, state, owner, ctl[j + 7], ith)
 
 # %% book/92_making_python_fast.ipynb #native-pool-poll
-# one spin that took longer: the thread was descheduled
-PREEMPTED_CYCLES = 1 << 17
+PREEMPTED_CYCLES = 1 << 17   # one spin that took longer: the thread was descheduled
 
 
 @njit(cache=True, nogil=True)
 def threadpool_poll(ctl, ith, seen, n_rounds):
     """ggml_graph_compute_poll_for_work inside the loop of
-    ggml_graph_compute_secondary_thread:
-    spin on n_graph; run every program kicked off, here, without the GIL; return
-    (n_graph,
-    POLL_PYTHON) when a Python job comes, (n_graph, POLL_IDLE) after n_rounds spins
-    without
-    work, (n_graph, POLL_STOP) when the pool is stopped. Unlike ggml, it yields its
-    core every
-    SPINS_BEFORE_YIELD spins, as the barrier does, and it stops polling (POLL_IDLE) as
-    soon as
-    one spin took PREEMPTED_CYCLES: the OS gave the core to another thread, so the
-    cores are
+    ggml_graph_compute_secondary_thread: spin on n_graph; run every program kicked off,
+    here, without the GIL; return (n_graph, POLL_PYTHON) when a Python job comes,
+    (n_graph, POLL_IDLE) after n_rounds spins without work, (n_graph, POLL_STOP) when
+    the pool is stopped. Unlike ggml, it yields its core every SPINS_BEFORE_YIELD
+    spins, as the barrier does, and it stops polling (POLL_IDLE) as soon as one spin
+    took PREEMPTED_CYCLES: the OS gave the core to another thread, so the cores are
     busy, and a sleeping worker is woken sooner than a spinning one gets its core
     back."""
     spins, last = 0, cycle_counter()
@@ -261,8 +257,7 @@ def threadpool_poll(ctl, ith, seen, n_rounds):
             if ctl[TP_JOB] != JOB_PROGRAM:
                 return seen, POLL_PYTHON
             _run_program(ctl, ith)
-            # out of the program: the caller may free it
-            atomic_fetch_add_seq(ctl, TP_N_DONE, 1)
+            atomic_fetch_add_seq(ctl, TP_N_DONE, 1)   # done: the caller may free it
             last = cycle_counter()
         elif spins >= n_rounds:
             return seen, POLL_IDLE
