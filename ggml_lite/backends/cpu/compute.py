@@ -397,8 +397,8 @@ from ggml_lite.backends.cpu import sgemm as S
 
 
 def _sgemm_q0_task(prog_addr, rows, k, state_addr, ith, nth):
-    """llamafile's Q8_0 x Q8_0 tiles in the compiled loop (a TASK_EXTRA row). Slots: flat
-    C, A (bytes), B (src1 as Q8_0 rows, in the work buffer), the strides of
+    """llamafile's Q8_0 x Q8_0 tiles in the compiled loop (a TASK_EXTRA row). Slots:
+    flat C, A (bytes), B (src1 as Q8_0 rows, in the work buffer), the strides of
     S.gemm_q0_planes; ARG: this function's address, m, n, k (blocks). No counter:
     tinyBLAS_Q0 shares its tiles out evenly."""
     i8, a = np.int64, P.ARG
@@ -417,7 +417,8 @@ def _sgemm_q0_task_address():
     """The address of _sgemm_q0_task compiled as a C function (numba cfunc), made on
     first use."""
     sig = types.int64(*[types.int64] * 6)
-    return cfunc(sig, cache=True, nogil=True, error_model="numpy")(_sgemm_q0_task).address
+    return cfunc(sig, cache=True, nogil=True,
+                 error_model="numpy")(_sgemm_q0_task).address
 
 
 def mul_mat_src1_row(vdt, convert, d, a, b, w4):

@@ -100,8 +100,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
-from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load, atomic_store,
-                                            cpu_relax, sched_yield)
+from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load,
+                                            atomic_store, cpu_relax, sched_yield)
 
 def _view_intrinsic(layout):
     @intrinsic

@@ -189,10 +189,11 @@ def threadpool_get_n_threads(threadpool):
 # %% book/92_making_python_fast.ipynb #native-pool
 from numba import njit
 
-from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load, atomic_store,
-                                            cpu_relax, cycle_counter, sched_yield)
-from ggml_lite.backends.cpu.program import (N_FPARAMS, ROW_SIZE, SPINS_BEFORE_YIELD, STATE_SIZE,
-                                            graph_compute_thread, make_view)
+from ggml_lite.backends.cpu.atomics import (atomic_fetch_add_seq, atomic_load,
+                                            atomic_store, cpu_relax, cycle_counter,
+                                            sched_yield)
+from ggml_lite.backends.cpu.program import (N_FPARAMS, ROW_SIZE, SPINS_BEFORE_YIELD,
+                                            STATE_SIZE, graph_compute_thread, make_view)
 
 # A threadpool's control block: int64 slots, each group on its own cache line. TP_JOB
 # holds the kind of the job kicked off, then (for a program) the addresses and sizes of
