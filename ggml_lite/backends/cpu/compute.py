@@ -53,10 +53,9 @@ class CPlan:
         self.min_work_per_node = MIN_WORK_PER_NODE
         # True: the readable Python loop, not the compiled one
         self.python_loop = False
-        # GGML_LLAMAFILE: F32/F16 products to llamafile's sgemm first
+        # GGML_LLAMAFILE: F32/F16 products to llamafile's sgemm first (llama.cpp builds
+        # ggml with it; ggml's own default is off)
         self.llamafile = False
-                                          # (llama.cpp builds ggml with it; ggml's own
-                                          # default is off)
 
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
@@ -183,9 +182,10 @@ class _Prepared:
         self.srcs = [list(n.src) for n in cgraph.nodes]
         # graph_compute_with_ctx's (n_threads asked, CPlan) for this graph
         self.ctx_plan = None
-        self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n,
-                                                                      *n.src) if t is not None]
-        self.work_data, self.n_threads, self.traced = cplan.work_data, cplan.n_threads, cplan.trace is not None
+        self.addresses = [(t, t.data) for n in cgraph.nodes for t in (n, *n.src)
+                          if t is not None]
+        self.work_data, self.n_threads, self.traced = (cplan.work_data, cplan.n_threads,
+                                                       cplan.trace is not None)
         self.min_work, self.llamafile = cplan.min_work_per_node, cplan.llamafile
         self.native = None if self.traced else _Native(cgraph, cplan, self.tasks, p)
         # weak: a plan holds its threadpool
@@ -202,7 +202,8 @@ class _Prepared:
 
     def same_plan(self, cplan):
         return (self.work_data is cplan.work_data and self.n_threads == cplan.n_threads
-                and self.traced == (cplan.trace is not None) and self.min_work == cplan.min_work_per_node
+                and self.traced == (cplan.trace is not None)
+                and self.min_work == cplan.min_work_per_node
                 and self.llamafile == cplan.llamafile)
 
     def unchanged(self, cgraph):

@@ -40,10 +40,8 @@ def barrier(state):
 
 # %% book/06_cpu_compute.ipynb #native-layout
 # One row of int64 per task. ARG: 8 integers of the task's kind, the last (STRIDED)
-# saying which
-# arrays are strided. SLOT: 4 arrays (dst, src0, src1, extra), each as its address, 4 ne
-# and 4
-# strides in bytes, in numpy's order (ne3 first).
+# saying which arrays are strided. SLOT: 4 arrays (dst, src0, src1, extra), each as its
+# address, 4 ne and 4 strides in bytes, in numpy's order (ne3 first).
 KIND, NTH, NODE, ARG, SLOT = 0, 1, 2, 3, 11
 STRIDED = ARG + 7
 ROW_SIZE = SLOT + 4 * 9
@@ -52,12 +50,10 @@ N_FPARAMS = 8                      # float32 op params per task, in a second arr
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
  TASK_MUL_MAT_SRC1, TASK_MUL_MAT_Q, TASK_MUL_MAT_F32, TASK_MUL_MAT_F16,
  TASK_GET_ROWS, TASK_SET_ROWS, TASK_ROPE, TASK_SOFT_MAX, TASK_GLU, TASK_COPY, TASK_DUP,
- TASK_EXTRA,
- TASK_SGEMM) = range(18)
+ TASK_EXTRA, TASK_SGEMM) = range(18)
 
 # How a slot's elements are stored, for the kinds that take several: float32, the bits
-# of
-# F16/BF16, the bytes of quantized blocks, int32, int64.
+# of F16/BF16, the bytes of quantized blocks, int32, int64.
 ST_F32, ST_U16, ST_U8, ST_I32, ST_I64 = range(5)
 
 # %% book/06_cpu_compute.ipynb #native-loop

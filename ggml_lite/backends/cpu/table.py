@@ -36,7 +36,8 @@ class Preparing:
     traced mul_mat the array that records which thread computed each chunk."""
 
     def __init__(self, wdata, n_threads, llamafile=False):
-        self.wdata, self.n_threads, self.owner, self.llamafile = wdata, n_threads, None, llamafile
+        self.wdata, self.n_threads, self.owner, self.llamafile = (wdata, n_threads, None,
+                                                                  llamafile)
         self._views = {}
 
     def view(self, t):
@@ -54,7 +55,8 @@ def _scratch_rows(wdata, n, n_threads):
     stride = (n + CACHE_LINE_SIZE // 4) * 4
     if wdata is None or wdata.nbytes < n_threads * stride:
         return [None] * n_threads
-    return [wdata[i * stride:i * stride + 4 * n].view(np.float32) for i in range(n_threads)]
+    return [wdata[i * stride:i * stride + 4 * n].view(np.float32)
+            for i in range(n_threads)]
 
 
 def _binary(f):
@@ -87,8 +89,8 @@ def _prepare_dup(node, p):
 
 
 def _prepare_scale(node, p):
-    a, d, s, bias = p.view(node.src[0]), p.view(node), get_op_params_f32(node,
-                                                                         0), get_op_params_f32(node, 1)
+    a, d, s, bias = (p.view(node.src[0]), p.view(node), get_op_params_f32(node, 0),
+                     get_op_params_f32(node, 1))
     return lambda ith, nth: forward_scale(a, d, s, bias, ith, nth)
 
 
@@ -102,7 +104,7 @@ def glu_args(node, p):
     reads them too (as the other *_args below)."""
     a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
     op, swapped = get_glu_op(node), bool(get_op_params_i32(node, 1))
-    # SWIGLU_OAI's
+    # SWIGLU_OAI's alpha and limit
     alpha, limit = get_op_params_f32(node, 2), get_op_params_f32(node, 3)
     return a, b, d, op, swapped, alpha, limit
 
@@ -114,7 +116,7 @@ def _prepare_glu(node, p):
 
 def soft_max_args(node, p):
     a, m, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
-    # scale, max_bias
+    # a, mask, dst, then scale and max_bias
     return a, m, d, get_op_params_f32(node, 0), get_op_params_f32(node, 1)
 
 
@@ -124,14 +126,14 @@ def _prepare_soft_max(node, p):
 
 
 def rope_args(node, p):
-    a, pos, d, ff = p.view(node.src[0]), p.view(node.src[1]).reshape(-1), p.view(node), p.view(node.src[2])
-    n_dims, mode, n_ctx_orig = get_op_params_i32(node, 1), get_op_params_i32(node,
-                                                                             2), get_op_params_i32(node, 4)
+    a, pos, d, ff = (p.view(node.src[0]), p.view(node.src[1]).reshape(-1), p.view(node),
+                     p.view(node.src[2]))
+    n_dims, mode, n_ctx_orig = (get_op_params_i32(node, 1), get_op_params_i32(node, 2),
+                                get_op_params_i32(node, 4))
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = \
         (get_op_params_f32(node, i) for i in range(5, 11))
     return (a, pos, d, n_dims, mode, ff, n_ctx_orig, freq_base, freq_scale, ext_factor,
-            attn_factor,
-            beta_fast, beta_slow)
+            attn_factor, beta_fast, beta_slow)
 
 # %% book/06_cpu_compute.ipynb #097d64ca
 def _prepare_rope(node, p):
@@ -145,12 +147,14 @@ def _prepare_diag_mask_inf(node, p):
 
 
 def _prepare_get_rows(node, p):
-    a, b, d, t = p.view(node.src[0]), p.view(node.src[1]), p.view(node), node.src[0].type
+    a, b, d, t = (p.view(node.src[0]), p.view(node.src[1]), p.view(node),
+                  node.src[0].type)
     return lambda ith, nth: forward_get_rows(a, b, d, ith, nth, t)
 
 
 def _prepare_concat(node, p):
-    a, b, d, dim = p.view(node.src[0]), p.view(node.src[1]), p.view(node), get_op_params_i32(node, 0)
+    a, b, d, dim = (p.view(node.src[0]), p.view(node.src[1]), p.view(node),
+                    get_op_params_i32(node, 0))
     return lambda ith, nth: forward_concat(a, b, d, dim, ith, nth)
 
 # %% book/06_cpu_compute.ipynb #304eee36
@@ -177,7 +181,8 @@ def mul_mat_sgemm(node, a, b, d, wdata, nth):
     on src1 as it is when it is contiguous, then, for an F16 or Q8_0 weight, on src1
     converted to its vec_dot_type in wdata. None when both decline (the chunk loop
     computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for S.gemm_planes
-    (rn 0: Q8_0, for S.gemm_q0_planes; k in blocks, strides in bytes); convert: first."""
+    (rn 0: Q8_0, for S.gemm_q0_planes; k in blocks, strides in bytes); convert:
+    first."""
     t, tb = node.src[0].type, node.src[1].type
     if (t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4
             or a.strides[3] != a.itemsize):
@@ -206,10 +211,11 @@ def _prepare_mul_mat(node, p):
     """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's
     sgemm when it takes the node (mul_mat_sgemm), else the chunk loop."""
     t = node.src[0].type
-    a, b, d, wdata, owner = p.view(node.src[0]), p.view(node.src[1]), p.view(node), p.wdata, p.owner
+    a, b, d, wdata, owner = (p.view(node.src[0]), p.view(node.src[1]), p.view(node),
+                             p.wdata, p.owner)
     counter = np.zeros(1, np.int64)                 # threadpool->current_chunk
-    sgemm = (lambda nth: mul_mat_sgemm(node, a, b, d, wdata,
-                                       nth)) if p.llamafile else (lambda nth: None)
+    sgemm = ((lambda nth: mul_mat_sgemm(node, a, b, d, wdata, nth)) if p.llamafile
+             else (lambda nth: None))
 
     def convert(ith, nth):
         sg = sgemm(nth)
@@ -288,9 +294,8 @@ def _packed(t):
 def _supports_unary(node):
     pairs = unary_types(get_unary_op(node))
     if (node.src[0].type, node.type) not in pairs:
-        return "(src0, dst) types must be one of " + ", ".join(f"({type_name(s)}, "
-                                                               f"{type_name(d)})" for s,
-                                                               d in pairs)
+        return "(src0, dst) types must be one of " + ", ".join(
+            f"({type_name(s)}, {type_name(d)})" for s, d in pairs)
     return None
 
 
@@ -313,8 +318,8 @@ def _supports_soft_max(node):
     if sinks is not None:
         return "attention sinks (src2) have no kernel here"
     if mask is None:
-        return "max_bias > 0 (ALiBi) needs a mask" if get_op_params_f32(node,
-                                                                        1) > 0 else _same(node, (Type.F32,))
+        return ("max_bias > 0 (ALiBi) needs a mask" if get_op_params_f32(node, 1) > 0
+                else _same(node, (Type.F32,)))
     if mask.type not in (Type.F32, Type.F16):
         return "the mask must be F32 or F16"
     ne, mne = src0.ne, mask.ne
@@ -338,16 +343,15 @@ def _supports_rope(node):
 
 # %% book/06_cpu_compute.ipynb #table-supports-3
 def _supports_diag_mask_inf(node):
-    return "n_past must be >= 0" if get_op_params_i32(node, 0) < 0 else _same(node,
-                                                                              (Type.F32,
-                                                                               ))
+    return ("n_past must be >= 0" if get_op_params_i32(node, 0) < 0
+            else _same(node, (Type.F32,)))
 
 
 def _supports_get_rows(node):
     src0, src1 = node.src[0], node.src[1]
     want = Type.I32 if src0.type == Type.I32 else Type.F32
-    if src1.type != Type.I32 or src0.type not in _FLOAT + _TO_FLOAT + (Type.I32,
-                                                                       ) or node.type != want:
+    if (src1.type != Type.I32 or src0.type not in _FLOAT + _TO_FLOAT + (Type.I32,)
+            or node.type != want):
         return f"src0 {_names(_FLOAT + _TO_FLOAT)} (dst F32) or I32 (dst I32), src1 I32"
     return None
 
@@ -440,8 +444,7 @@ def _none(node, n_tasks):
     return 0
 
 
-def _row_per_task(node, n_tasks):
-    # soft_max, rope: a float row per task
+def _row_per_task(node, n_tasks):   # soft_max, rope: a float row per task
     return 4 * node.ne[0] * n_tasks
 
 
@@ -451,8 +454,8 @@ def _copy_scratch(node, n_tasks):
     ts, td = node.src[0].type, (node.src[1].type if node.src[1] is not None else None)
     pairs = {(Type.F16, Type.BF16), (Type.BF16, Type.F16), (Type.F32, Type.I32),
              (Type.I32, Type.F32)}
-    return 4 * node.ne[0] * n_tasks if is_quantized(node.type) or (ts,
-                                                                   td) in pairs else 0
+    return (4 * node.ne[0] * n_tasks if is_quantized(node.type) or (ts, td) in pairs
+            else 0)
 
 
 def _mul_mat_work(node, n_tasks):

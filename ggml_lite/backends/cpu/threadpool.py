@@ -113,21 +113,20 @@ class Threadpool:
         self.n_threads, self.poll, self.failed = n_threads, poll, False
         self._barrier, self._cond = threading.Barrier(n_threads), threading.Condition()
         self._ctl, self._n_rounds = np.zeros(TP_CTL_SIZE, np.int64), POLL_ROUNDS * poll
-        self._no_program = (np.zeros((0, P.ROW_SIZE), np.int64), np.zeros((0,
-                                                                           P.N_FPARAMS),
-                                                                          np.float32),
+        self._no_program = (np.zeros((0, P.ROW_SIZE), np.int64),
+                            np.zeros((0, P.N_FPARAMS), np.float32),
                             np.zeros(0, np.int64), np.zeros(0, np.int32), 0)
         self._job, self._errors, self._stop = None, [], False
         self._run_lock = threading.Lock()          # one job at a time, whoever calls
-        # numba loads what a worker calls to go to sleep
+        # numba loads what a worker calls to go to sleep here, not in the worker at its
+        # first sleep
         ctl_add(self._ctl, TP_SLEEPING, 0)
-        # here, not in the worker at its first sleep
         ctl_load(self._ctl, TP_STOP)
         args = (self._ctl, self._cond, weakref.ref(self))
-        self._workers = [threading.Thread(target=_worker, args=(*args, ith,
-                                                                self._n_rounds),
-                                          daemon=True,
-                                          name=f"ggml_lite-cpu-{ith}") for ith in range(1, n_threads)]
+        self._workers = [threading.Thread(target=_worker,
+                                          args=(*args, ith, self._n_rounds),
+                                          daemon=True, name=f"ggml_lite-cpu-{ith}")
+                         for ith in range(1, n_threads)]
         self._finalizer = weakref.finalize(self, _stop_workers, self._ctl, self._cond)
         for w in self._workers:
             w.start()
