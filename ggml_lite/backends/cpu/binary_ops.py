@@ -41,10 +41,9 @@ def _binary(op, a, b, d, ta, tb, td, ith, nth):
                 z[o + k] = st(w, td, z)
 
 
-_BINARY_TYPES = {(_F32, _F32, _F32), (_F16, _F16, _F16), (_BF16, _BF16, _BF16), (_BF16,
-                                                                                 _F32,
-                                                                                 _BF16),
-                 (_BF16, _F32, _F32), (_F16, _F32, _F16), (_F16, _F32, _F32)}
+_BINARY_TYPES = {(_F32, _F32, _F32), (_F16, _F16, _F16), (_BF16, _BF16, _BF16),
+                 (_BF16, _F32, _BF16), (_BF16, _F32, _F32), (_F16, _F32, _F16),
+                 (_F16, _F32, _F32)}
 # (src0, src1, dst) types of add, sub, mul and div: binary-ops.cpp's list (quantized
 # src0 not here)
 BINARY_TYPES = frozenset(tuple(Type(t) for t in types) for types in _BINARY_TYPES)

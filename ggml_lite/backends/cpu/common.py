@@ -25,8 +25,8 @@ def get_thread_range(nr, ith, nth):
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
 
 # ggml_table_f32_f16: the float32 value of every fp16 bit pattern (ggml_cpu_init fills
-# it once);
-# one load replaces the branchy bit arithmetic of fp16_to_fp32 in the hot loops.
+# it once); one load replaces the branchy bit arithmetic of fp16_to_fp32 in the hot
+# loops.
 table_f32_f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
@@ -63,8 +63,8 @@ def storage(a, where):
         return a.view(np.uint16), _F16
     if a.dtype == np.uint16:
         return a, _BF16
-    raise GGMLError(f"{where}: unsupported element type {a.dtype} (expected F32, F16 "
-                    f"or BF16 data)")
+    raise GGMLError(f"{where}: unsupported element type {a.dtype} "
+                    f"(expected F32, F16 or BF16 data)")
 
 # %% book/05_cpu_kernels.ipynb #6e96ce63
 def f32_only(where, *arrays):

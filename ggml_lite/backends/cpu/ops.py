@@ -312,9 +312,8 @@ _NO_FREQ_FACTORS = np.ones(1, np.float32)
 
 # %% book/05_cpu_kernels.ipynb #01995d38
 def rope_operands(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0,
-                  freq_base=10000.0,
-                  freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
-                  beta_slow=1.0):
+                  freq_base=10000.0, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0,
+                  beta_fast=32.0, beta_slow=1.0):
     """forward_rope's checks and its per-node constants (theta_scale, YaRN's low and
     high, float32 as in ggml), made once: the arguments of the row loop _rope before
     (ith, nth)."""
@@ -354,10 +353,8 @@ def rope_operands(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=
 
 # %% book/05_cpu_kernels.ipynb #dc91e442
 def forward_rope(src0, pos, dst, n_dims, mode=0, freq_factors=None, n_ctx_orig=0,
-                 freq_base=10000.0,
-                 freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
-                 beta_slow=1.0,
-                 ith=0, nth=1):
+                 freq_base=10000.0, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0,
+                 beta_fast=32.0, beta_slow=1.0, ith=0, nth=1):
     """ggml_rope_ext on src0 = [head_dim, n_head, n_tokens, batch] (numpy shape
     reversed), pos an int32 vector of n_tokens positions, mode 0 (normal: adjacent
     pairs) or 2 (NEOX: x[k] with x[k + n_dims/2]). F32 or F16 (dst of the same type).

@@ -164,11 +164,11 @@ def _unary_lookup(table, a, d, ith, nth):
             y[i] = table[x[i]]
 
 # %% book/05_cpu_kernels.ipynb #kern-unary-api
-# (src0, dst) types: unary_op<op> of unary-ops.cpp, and the ops.cpp kernels of the GELUs
-# and SILU
+# (src0, dst) types: unary_op<op> of unary-ops.cpp, and the ops.cpp kernels of the
+# GELUs and SILU
 _UNARY_TYPES = ((_F32, _F32), (_F16, _F16), (_BF16, _BF16), (_F16, _F32), (_BF16, _F32))
-_OPS_CPP, _OPS_CPP_TYPES = (_GELU, _GELU_QUICK, _GELU_ERF, _SILU), ((_F32, _F32), (_F16,
-                                                                                   _F16))
+_OPS_CPP, _OPS_CPP_TYPES = ((_GELU, _GELU_QUICK, _GELU_ERF, _SILU),
+                            ((_F32, _F32), (_F16, _F16)))
 _ALL_OPS = frozenset(UnaryOp)
 _KERNEL_OPS = _ALL_OPS - {UnaryOp.XIELU, UnaryOp.COUNT}
 # the unary kinds with a kernel: every one but XIELU
@@ -189,8 +189,8 @@ def forward_unary(src0, dst, op, ith=0, nth=1):
     if op not in _KERNEL_OPS:
         label = UnaryOp(op).name if op in _ALL_OPS else op
         raise GGMLError(f"unary: {label} has no CPU kernel in ggml_lite (every unary "
-                        f"op has one but "
-                        f"XIELU, whose four parameters have no constructor here)")
+                        f"op has one but XIELU, whose four parameters have no "
+                        f"constructor here)")
     op = UnaryOp(op)
     name = op.name.lower()
     check_4d(name, src0, dst)
@@ -199,8 +199,8 @@ def forward_unary(src0, dst, op, ith=0, nth=1):
     if (ta, td) not in pairs or a.shape != d.shape:
         allowed = ", ".join(f"{type_name(s)} -> {type_name(t)}" for s, t in pairs)
         raise GGMLError(f"{name}: src0 {type_name(ta)} {ne_of(a)} -> dst "
-                        f"{type_name(td)} {ne_of(d)} is not "
-                        f"supported (same shape; types {allowed})")
+                        f"{type_name(td)} {ne_of(d)} is not supported "
+                        f"(same shape; types {allowed})")
     if ta == _F16 and td == _F16 and op in (_GELU, _GELU_QUICK):
         _unary_lookup(_GELU_F16 if op == _GELU else _GELU_QUICK_F16, a, d, ith, nth)
     else:
@@ -278,8 +278,8 @@ def _glu(op, a, b, d, offa, offb, t, alpha, limit, ith, nth):
 
 # %% book/05_cpu_kernels.ipynb #kern-glu-api
 # The GLU kinds with a kernel (all of ggml's) and the storage types each takes: F32 or
-# F16, the
-# same for src0, src1 and dst (SWIGLU_OAI: F32 only, ggml_compute_forward_swiglu_oai).
+# F16, the same for src0, src1 and dst (SWIGLU_OAI: F32 only,
+# ggml_compute_forward_swiglu_oai).
 GLU_OPS = frozenset(g for g in GluOp if g != GluOp.COUNT)
 
 
@@ -306,10 +306,9 @@ def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
     if Type(ta) not in glu_types(op) or not ta == tb == td or not fits:
         allowed = "/".join(type_name(t) for t in glu_types(op))
         raise GGMLError(f"{name}: src0 {ne_of(a)} {type_name(ta)}, src1 {ne_of(b)} "
-                        f"{type_name(tb)} "
-                        f"and dst {ne_of(d)} {type_name(td)} do not fit (one {allowed} "
-                        f"type; "
-                        f"split: equal shapes; fused: dst rows of src0.ne0/2)")
+                        f"{type_name(tb)} and dst {ne_of(d)} {type_name(td)} do not "
+                        f"fit (one {allowed} type; split: equal shapes; fused: dst "
+                        f"rows of src0.ne0/2)")
     offa, offb = (0, 0) if src1 is not None else ((nc, 0) if swapped else (0, nc))
     return int(op), a, b, d, offa, offb, ta, np.float32(alpha), np.float32(limit)
 
@@ -317,14 +316,10 @@ def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
 def forward_glu(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0, ith=0,
                 nth=1):
     """ggml_compute_forward_glu: dst = act(gate) * value for the GluOp op. Split (src1
-    given):
-    gate src0, value src1, equal shapes. Fused (src1 None): dst rows have nc = ne00/2
-    (rounded
-    down), the gate is src0[0:nc] of each row and the value src0[nc:2nc] (the other way
-    round if
-    swapped). SWIGLU_OAI: x = min(gate, limit), y = clamp(value, ±limit),
-    x·σ(alpha·x)·(y + 1).
-    Types: glu_types(op). Block rows."""
+    given): gate src0, value src1, equal shapes. Fused (src1 None): dst rows have
+    nc = ne00/2 (rounded down), the gate is src0[0:nc] of each row and the value
+    src0[nc:2nc] (the other way round if swapped). SWIGLU_OAI: x = min(gate, limit),
+    y = clamp(value, ±limit), x·σ(alpha·x)·(y + 1). Types: glu_types(op). Block rows."""
     _glu(*glu_operands(src0, src1, dst, op, swapped, alpha, limit), ith, nth)
 
 
