@@ -345,9 +345,8 @@ def forward_dup(src0, dst, ith=0, nth=1, src0_type=None, dst_type=None, wdata=No
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names-cpy
 # The compiled loops of get_rows, set_rows and the float copies, for the compute
-# chapter's
-# compiled node loop (which makes the checks of *_operands once, when it lowers the
-# graph).
+# chapter's compiled node loop (which makes the checks of *_operands once, when it
+# lowers the graph).
 get_rows_kernel = _get_rows
 set_rows_kernel = _set_rows
 copy_blocks_kernel = _copy_blocks

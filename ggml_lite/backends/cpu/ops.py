@@ -527,10 +527,8 @@ def forward_repeat(src0, dst, ith=0, nth=1):
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names
 # The compiled row kernels themselves, under public names, for a compiled caller: the
-# compute
-# chapter's node loop calls them directly, without the checks of the forward_* functions
-# (it made
-# those once, when it lowered the graph).
+# compute chapter's node loop calls them directly, without the checks of the forward_*
+# functions (it made those once, when it lowered the graph).
 scale_kernel = _scale
 rms_norm_kernel = _rms_norm
 norm_kernel = _norm

@@ -89,11 +89,9 @@ def _u32(b, o):
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots
 # inline="always": numba pastes each kernel into the row loop of the mul_mat chunk
-# (_vec_dot_rows).
-# A call per row would make a new array view of the weight row and pass it, with an
-# atomic
-# increment and decrement of the weight buffer's reference count that every thread
-# shares.
+# (_vec_dot_rows). A call per row would make a new array view of the weight row and
+# pass it, with an atomic increment and decrement of the weight buffer's reference
+# count that every thread shares.
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_0_q8_0(n, x, y):
     """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per
@@ -552,8 +550,8 @@ def forward_mul_mat(src0_type, src0, src1, dst, wdata=None, nth=1, owner=None):
                                owner)
 
 # %% book/05_cpu_kernels.ipynb #kern-native-names-vec
-# mul_mat's compiled phases under public names, for the compute chapter's compiled node
-# loop.
+# mul_mat's compiled phases under public names, for the compute chapter's compiled
+# node loop.
 mul_mat_src1_kernel = _mm_src1
 mul_mat_chunks_q_kernel = _mm_chunks_q
 mul_mat_chunks_f_kernel = _mm_chunks_f
