@@ -37,15 +37,18 @@ def _print_timings(m, file):
     """llama_perf_context_print's lines."""
     t = m.timings
     p = lambda label, ms, n, unit: print(
-        f"llama_perf_context_print: {label:>16} = {ms:10.2f} ms / {n:5d} {unit} ({ms / max(n, 1):8.2f} ms per token, "
+        f"llama_perf_context_print: {label:>16} = {ms:10.2f} ms / {n:5d} {unit} "
+        f"({ms / max(n, 1):8.2f} ms per token, "
         f"{1e3 * n / ms if ms > 0 else 0.0:8.2f} tokens per second)", file=file)
     print(f"llama_perf_context_print: {'load time':>16} = {t['t_load_ms']:10.2f} ms", file=file)
     p("prompt eval time", t["t_p_eval_ms"], t["n_p_eval"], "tokens")
     p("eval time", t["t_eval_ms"], t["n_eval"], "runs  ")
     total = t["t_load_ms"] + t["t_p_eval_ms"] + t["t_eval_ms"]
-    print(f"llama_perf_context_print: {'total time':>16} = {total:10.2f} ms / {t['n_p_eval'] + t['n_eval']:5d} tokens",
+    print(f"llama_perf_context_print: {'total time':>16} = {total:10.2f} ms / "
+          f"{t['n_p_eval'] + t['n_eval']:5d} tokens",
           file=file)
-    print(f"llama_perf_context_print: {'graph splits':>16} = {t.get('splits_prompt', 0)} (prompt), "
+    print(f"llama_perf_context_print: {'graph splits':>16} = "
+          f"{t.get('splits_prompt', 0)} (prompt), "
           f"{t.get('splits_decode', 0)} (decode step)", file=file)
 
 # %% book/93_llama_product.ipynb #llama-cli-main
@@ -57,16 +60,22 @@ def _parse_args(argv):
         def error(self, message):
             print(f"{self.prog}: error: {message}", file=sys.stderr)
             sys.exit(1)
-    ap = OneLine(prog="python -m ggml_lite.llama", description="Generate text with a llama GGUF model.")
+    ap = OneLine(prog="python -m ggml_lite.llama",
+                 description="Generate text with a llama GGUF model.")
     ap.add_argument("model", help="a llama GGUF file")
     ap.add_argument("-p", "--prompt", default="", help="the prompt")
     ap.add_argument("-n", "--n-predict", type=int, default=32,
                     help="tokens to generate (-1: until end of text or a full context)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (<= 0: every core, as llama.cpp)")
-    ap.add_argument("-c", "--ctx-size", type=int, default=512, help="context size (KV cache cells)")
-    ap.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per graph")
-    ap.add_argument("--device", nargs="+", default=["CPU"], help="backends: CPU, BLAS, CUDA0, RPC:host:port")
-    ap.add_argument("--layers-on", default=None, help="comma-separated backend index per layer, e.g. 0,0,1,1")
+    ap.add_argument("-t", "--threads", type=int, default=None,
+                    help="CPU threads (<= 0: every core, as llama.cpp)")
+    ap.add_argument("-c", "--ctx-size", type=int, default=512,
+                    help="context size (KV cache cells)")
+    ap.add_argument("-b", "--batch-size", type=int, default=512,
+                    help="tokens per graph")
+    ap.add_argument("--device", nargs="+", default=["CPU"],
+                    help="backends: CPU, BLAS, CUDA0, RPC:host:port")
+    ap.add_argument("--layers-on", default=None,
+                    help="comma-separated backend index per layer, e.g. 0,0,1,1")
     ap.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy)")
     ap.add_argument("--top-k", type=int, default=40)
     ap.add_argument("--top-p", type=float, default=0.95)
@@ -82,12 +91,14 @@ def _check_args(args):
     if args.device[-1].upper() != "CPU":
         fix = " ".join([d for d in args.device if d.upper() != "CPU"] + ["CPU"])
         what = "put CPU last" if "CPU" in [d.upper() for d in args.device] else "add CPU"
-        raise GGMLError(f"llama: --device {' '.join(args.device)}: the last device must be CPU (it runs what the "
+        raise GGMLError(f"llama: --device {' '.join(args.device)}: the last device "
+                        "must be CPU (it runs what the "
                         f"others cannot): {what}, e.g. --device {fix}")
     try:
         return None if args.layers_on is None else [int(x) for x in args.layers_on.split(",")]
     except ValueError:
-        raise GGMLError(f"llama: --layers-on {args.layers_on}: expected comma-separated backend indices "
+        raise GGMLError(f"llama: --layers-on {args.layers_on}: expected "
+                        "comma-separated backend indices "
                         f"(integers into --device), e.g. 0,0,1,1") from None
 
 
@@ -95,12 +106,15 @@ def _run(args, state):
     layers_on = _check_args(args)
     backends = [_init_backend(d) for d in args.device]
     n_threads = args.threads if args.threads is None or args.threads > 0 else os.cpu_count()   # llama.cpp's -t 0
-    m = state["model"] = load(args.model, n_ctx=args.ctx_size, backends=backends, n_threads=n_threads,
-                              layers_on=layers_on, n_batch=args.batch_size, progress=not args.no_progress)
+    m = state["model"] = load(args.model, n_ctx=args.ctx_size, backends=backends,
+                              n_threads=n_threads,
+                              layers_on=layers_on, n_batch=args.batch_size,
+                              progress=not args.no_progress)
     # as llama-cli: "<s>" in a prompt is BOS
     tokens = m.tokenize(args.prompt, parse_special=True)
     if len(tokens) > m.n_ctx:
-        raise GGMLError(f"llama: prompt is too long ({len(tokens)} tokens, max {m.n_ctx}): raise -c/--ctx-size")
+        raise GGMLError(f"llama: prompt is too long ({len(tokens)} tokens, max "
+                        f"{m.n_ctx}): raise -c/--ctx-size")
     sys.stdout.write(args.prompt)
     # shown before the first token is computed
     sys.stdout.flush()
@@ -110,11 +124,13 @@ def _run(args, state):
     def show(tok):
         sys.stdout.write(decoder.decode(m.vocab.token_to_piece(tok)))
         sys.stdout.flush()
-    out = m.generate(tokens, args.n_predict, args.temp, args.top_k, args.top_p, args.seed, on_token=show)
+    out = m.generate(tokens, args.n_predict, args.temp, args.top_k, args.top_p,
+                     args.seed, on_token=show)
     sys.stdout.write(decoder.decode(b"", final=True) + "\n")
     sys.stdout.flush()
     if (args.n_predict < 0 or len(out) < args.n_predict) and out[-1:] != [m.eos]:
-        print(f"llama: context full (n_ctx = {m.n_ctx}: {len(tokens)} prompt + {len(out) - 1} generated tokens "
+        print(f"llama: context full (n_ctx = {m.n_ctx}: {len(tokens)} prompt + "
+              f"{len(out) - 1} generated tokens "
               f"cached, no context shift here) => stopping", file=sys.stderr)
 
 # %% book/93_llama_product.ipynb #4a7e9b3c5d18

@@ -109,9 +109,11 @@ def llama_key(reader, key, kind, required=True, default=None):
         return default
     vt = gguf.GGUFValueType
     ints = {vt.UINT8, vt.INT8, vt.UINT16, vt.INT16, vt.UINT32, vt.INT32, vt.UINT64, vt.INT64}
-    ok = {LLAMA_INT: ints, LLAMA_FLOAT: {vt.FLOAT32, vt.FLOAT64}, LLAMA_STR: {vt.STRING}, LLAMA_BOOL: {vt.BOOL}}[kind]
+    ok = {LLAMA_INT: ints, LLAMA_FLOAT: {vt.FLOAT32, vt.FLOAT64},
+          LLAMA_STR: {vt.STRING}, LLAMA_BOOL: {vt.BOOL}}[kind]
     if len(f.types) != 1 or f.types[0] not in ok:
-        raise GGMLError(f"llama: key {key} has type {[t.name for t in f.types]}, expected {kind}")
+        raise GGMLError(f"llama: key {key} has type {[t.name for t in f.types]}, "
+                        f"expected {kind}")
     return f.contents()
 
 
@@ -123,12 +125,15 @@ def llama_array(reader, key, kind, n):
     if f is None:
         return None
     vt = gguf.GGUFValueType
-    elem = {LLAMA_STR: {vt.STRING}, LLAMA_FLOAT: {vt.FLOAT32}, LLAMA_INT: {vt.INT32, vt.UINT32}}[kind]
+    elem = {LLAMA_STR: {vt.STRING}, LLAMA_FLOAT: {vt.FLOAT32},
+            LLAMA_INT: {vt.INT32, vt.UINT32}}[kind]
     if len(f.types) != 2 or f.types[0] != vt.ARRAY or f.types[1] not in elem:
-        raise GGMLError(f"llama: key {key} has type {[t.name for t in f.types]}, expected an array of {kind}s")
+        raise GGMLError(f"llama: key {key} has type {[t.name for t in f.types]}, "
+                        f"expected an array of {kind}s")
     values = f.contents()
     if n is not None and len(values) != n:
-        raise GGMLError(f"llama: {key} has {len(values)} entries, the vocabulary has {n} tokens")
+        raise GGMLError(f"llama: {key} has {len(values)} entries, the vocabulary has "
+                        f"{n} tokens")
     return values
 
 
@@ -143,48 +148,67 @@ def llama_read_hparams(reader):
     checks."""
     arch = llama_key(reader, "general.architecture", LLAMA_STR)
     if arch != "llama":
-        raise GGMLError(f"llama: general.architecture is '{arch}', this loader reads 'llama' models only")
+        raise GGMLError(f"llama: general.architecture is '{arch}', this loader reads "
+                        "'llama' models only")
     k = lambda name: f"llama.{name}"
-    n_embd = llama_positive(k("embedding_length"), llama_key(reader, k("embedding_length"), LLAMA_INT))
-    n_layer = llama_positive(k("block_count"), llama_key(reader, k("block_count"), LLAMA_INT))
-    n_head = llama_positive(k("attention.head_count"), llama_key(reader, k("attention.head_count"), LLAMA_INT))
+    n_embd = llama_positive(k("embedding_length"),
+                            llama_key(reader, k("embedding_length"), LLAMA_INT))
+    n_layer = llama_positive(k("block_count"),
+                             llama_key(reader, k("block_count"), LLAMA_INT))
+    n_head = llama_positive(k("attention.head_count"),
+                            llama_key(reader, k("attention.head_count"), LLAMA_INT))
     n_head_kv = llama_positive(k("attention.head_count_kv"),
-                          llama_key(reader, k("attention.head_count_kv"), LLAMA_INT, False, n_head))
-    n_ff = llama_positive(k("feed_forward_length"), llama_key(reader, k("feed_forward_length"), LLAMA_INT))
-    n_ctx_train = llama_positive(k("context_length"), llama_key(reader, k("context_length"), LLAMA_INT))
+                          llama_key(reader, k("attention.head_count_kv"), LLAMA_INT,
+                                    False, n_head))
+    n_ff = llama_positive(k("feed_forward_length"),
+                          llama_key(reader, k("feed_forward_length"), LLAMA_INT))
+    n_ctx_train = llama_positive(k("context_length"),
+                                 llama_key(reader, k("context_length"), LLAMA_INT))
     eps = float(llama_key(reader, k("attention.layer_norm_rms_epsilon"), LLAMA_FLOAT))
     base = float(llama_key(reader, k("rope.freq_base"), LLAMA_FLOAT, False, 10000.0))
-    for key, value in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", base)):
+    for key, value in (("attention.layer_norm_rms_epsilon", eps),
+                       ("rope.freq_base", base)):
         if not (math.isfinite(value) and value > 0):
             raise GGMLError(f"llama: llama.{key} = {value} must be a positive number")
     if n_embd % n_head or n_head % n_head_kv:
-        raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, n_head_kv = {n_head_kv}: "
+        raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, n_head_kv = "
+                        f"{n_head_kv}: "
                         f"n_head must divide n_embd and n_head_kv must divide n_head")
-    n_rot = llama_key(reader, k("rope.dimension_count"), LLAMA_INT, False, n_embd // n_head)
+    n_rot = llama_key(reader, k("rope.dimension_count"), LLAMA_INT, False,
+                      n_embd // n_head)
     if n_rot != n_embd // n_head:
-        raise GGMLError(f"llama: rope.dimension_count = {n_rot} must equal n_embd / n_head = {n_embd // n_head}")
+        raise GGMLError(f"llama: rope.dimension_count = {n_rot} must equal n_embd / "
+                        f"n_head = {n_embd // n_head}")
     # head sizes other than n_embd/n_head
     for key in ("attention.key_length", "attention.value_length"):
-        if llama_key(reader, k(key), LLAMA_INT, False, n_embd // n_head) != n_embd // n_head:
+        if llama_key(reader, k(key), LLAMA_INT, False,
+                     n_embd // n_head) != n_embd // n_head:
             raise GGMLError(f"llama: llama.{key} = {llama_key(reader, k(key), LLAMA_INT)} differs from n_embd / n_head = "
                             f"{n_embd // n_head}; such models are not supported")
     if llama_key(reader, k("expert_count"), LLAMA_INT, False, 0):
-        raise GGMLError("llama: mixture-of-experts llama models (llama.expert_count > 0) are not supported")
+        raise GGMLError("llama: mixture-of-experts llama models (llama.expert_count > "
+                        "0) are not supported")
     scaling = llama_key(reader, k("rope.scaling.type"), LLAMA_STR, False, "none")
     factor = float(llama_key(reader, k("rope.scaling.factor"), LLAMA_FLOAT, False, 0.0))
     if scaling not in ("none", "linear"):
-        raise GGMLError(f"llama: rope.scaling.type = '{scaling}' is not supported (none or linear)")
+        raise GGMLError(f"llama: rope.scaling.type = '{scaling}' is not supported "
+                        "(none or linear)")
     freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
     tokens = llama_array(reader, "tokenizer.ggml.tokens", LLAMA_STR, None)
-    n_vocab = llama_key(reader, k("vocab_size"), LLAMA_INT, False, None if tokens is None else len(tokens))
+    n_vocab = llama_key(reader, k("vocab_size"), LLAMA_INT, False,
+                        None if tokens is None else len(tokens))
     if n_vocab is None:
-        raise GGMLError("llama: key not found in model: tokenizer.ggml.tokens (nor llama.vocab_size)")
-    return LlamaHParams(n_vocab=llama_positive(k("vocab_size"), n_vocab), n_ctx_train=n_ctx_train, n_embd=n_embd,
-                        n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, n_rot=int(n_rot),
+        raise GGMLError("llama: key not found in model: tokenizer.ggml.tokens (nor "
+                        "llama.vocab_size)")
+    return LlamaHParams(n_vocab=llama_positive(k("vocab_size"), n_vocab),
+                        n_ctx_train=n_ctx_train, n_embd=n_embd,
+                        n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                        n_rot=int(n_rot),
                         f_norm_rms_eps=eps,
                         rope_freq_base=base,
                         rope_freq_scale=freq_scale,
-                        f_attention_scale=float(llama_key(reader, k("attention.scale"), LLAMA_FLOAT, False, 0.0)))
+                        f_attention_scale=float(llama_key(reader, k("attention.scale"),
+                                                          LLAMA_FLOAT, False, 0.0)))
 
 # %% book/93_llama_product.ipynb #llama-open
 def llama_open(path):
@@ -231,7 +255,8 @@ def _array_parts(gguf, reader, offs):
     vt = gguf.GGUFValueType
     itype, count = reader._get(offs, np.uint32), reader._get(offs + 4, np.uint64)
     dtype = reader.gguf_scalar_to_np.get(vt(itype[0])) if itype[0] in vt._value2member_map_ else None
-    if reader.byte_order != "I" or count[0] == 0 or (itype[0] != vt.STRING and dtype is None):
+    if reader.byte_order != "I" or count[0] == 0 or (itype[0] != vt.STRING
+                                                     and dtype is None):
         return None
     parts, n, o, end = [itype, count], int(count[0]), offs + 12, len(reader.data)
     # numbers: one view, an element per part as GGUFReader has them
@@ -246,7 +271,8 @@ def _array_parts(gguf, reader, offs):
     for _ in range(n):
         size = int.from_bytes(mv[o:o + 8], "little") if o + 8 <= end else end
         if o + 8 + size > end:
-            raise ValueError(f"string array at offset {offs}: a string runs past the end of the file")
+            raise ValueError(f"string array at offset {offs}: a string runs past the "
+                             "end of the file")
         parts += (mv[o:o + 8], mv[o + 8:o + 8 + size])
         o += 8 + size
     return o - offs, parts, list(range(3, len(parts), 2)), [vt.ARRAY, vt.STRING]

@@ -33,7 +33,8 @@ class Vocab:
         self.types = [_NORMAL] * n if token_types is None else [int(t) for t in token_types]
         for name, tid in (("bos", bos), ("eos", eos), ("unk", unk)):
             if tid is not None and not 0 <= tid < n:
-                raise GGMLError(f"llama: {name} token id {tid} is outside the vocabulary of {n} tokens")
+                raise GGMLError(f"llama: {name} token id {tid} is outside the "
+                                f"vocabulary of {n} tokens")
         self.bos, self.eos, self.unk = bos, eos, unk
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
         self.text_to_id = {}
@@ -55,13 +56,15 @@ class Vocab:
         if tid is None:
             tid = self.text_to_id.get(bytes([b]))
         if tid is None:
-            raise GGMLError(f"llama: the vocabulary has no token for byte 0x{b:02X} (no <0x{b:02X}> token)")
+            raise GGMLError(f"llama: the vocabulary has no token for byte 0x{b:02X} "
+                            f"(no <0x{b:02X}> token)")
         return tid
 
     def token_to_piece(self, tid, special=False):
         """llama_token_to_piece: the bytes a token stands for ('\u2581' -> ' ', <0xXX> -> the byte)."""
         if not 0 <= tid < self.n_tokens:
-            raise GGMLError(f"llama: token id {tid} is outside the vocabulary of {self.n_tokens} tokens")
+            raise GGMLError(f"llama: token id {tid} is outside the vocabulary of "
+                            f"{self.n_tokens} tokens")
         t, text = self.types[tid], self.tokens[tid]
         if t in (_UNKNOWN, _CONTROL):
             return text if special else b""
@@ -225,7 +228,8 @@ class BPEVocab(Vocab):
                  add_bos=None, add_eos=False, add_space_prefix=False):
         self.pre = bpe_pre(pre)
         super().__init__(tokens, None, token_types, bos=bos, eos=eos, unk=None,
-                         add_bos=self.pre.add_bos if add_bos is None else add_bos, add_eos=add_eos,
+                         add_bos=self.pre.add_bos if add_bos is None else add_bos,
+                         add_eos=add_eos,
                          add_space_prefix=add_space_prefix)
         self.str_to_id = {t.decode("utf-8", "surrogateescape"): i for i, t in enumerate(self.tokens)}
         self.ranks = {}
@@ -253,7 +257,8 @@ class BPEVocab(Vocab):
 
     def _special_id(self, name, tid):
         if tid is None:
-            raise GGMLError(f"llama: add_{name}_token is set but the vocabulary has no {name} token")
+            raise GGMLError(f"llama: add_{name}_token is set but the vocabulary has no "
+                            f"{name} token")
         return tid
 
     def _tokenize_text(self, text, out):
@@ -263,7 +268,9 @@ class BPEVocab(Vocab):
         for word in pre_split(text, pre.regexes):
             word = byte_encode(word) if pre.byte_level else word
             whole = self.str_to_id.get(word)
-            if whole is not None and (pre.ignore_merges or (pre.name == "gemma4" and not word.strip("\n"))):
+            if whole is not None and (pre.ignore_merges
+                                      or (pre.name == "gemma4"
+                                          and not word.strip("\n"))):
                 out.append(whole)
                 continue
             for piece in bpe_merge(word, self.ranks):
@@ -280,7 +287,8 @@ class BPEVocab(Vocab):
     def token_to_piece(self, tid, special=False):
         """llama_token_to_piece: a normal token's characters mapped back to bytes (or '\u2581' -> ' ')."""
         if not 0 <= tid < self.n_tokens:
-            raise GGMLError(f"llama: token id {tid} is outside the vocabulary of {self.n_tokens} tokens")
+            raise GGMLError(f"llama: token id {tid} is outside the vocabulary of "
+                            f"{self.n_tokens} tokens")
         t, text = self.types[tid], self.tokens[tid]
         if t == _NORMAL:
             if self.pre.escape_whitespaces:
@@ -323,23 +331,28 @@ def llama_read_vocab(reader, n_vocab):
     (BPE)."""
     model = llama_key(reader, "tokenizer.ggml.model", LLAMA_STR)
     if model not in ("llama", "gpt2", "gemma4"):
-        raise GGMLError(f"llama: tokenizer.ggml.model = '{model}'; this loader reads SPM ('llama') and BPE "
+        raise GGMLError(f"llama: tokenizer.ggml.model = '{model}'; this loader reads "
+                        "SPM ('llama') and BPE "
                         f"('gpt2', 'gemma4') vocabularies")
     if llama_array(reader, "tokenizer.ggml.tokens", LLAMA_STR, None) is None:
         raise GGMLError("llama: key not found in model: tokenizer.ggml.tokens")
     tokens = _token_bytes(reader, "tokenizer.ggml.tokens")
     if len(tokens) != n_vocab:
-        raise GGMLError(f"llama: the vocabulary has {len(tokens)} tokens, the model {n_vocab}")
+        raise GGMLError(f"llama: the vocabulary has {len(tokens)} tokens, the model "
+                        f"{n_vocab}")
     if model != "llama":
         return llama_read_vocab_bpe(reader, model, tokens)
     n = len(tokens)
     ids = {k: llama_key(reader, f"tokenizer.ggml.{k}_token_id", LLAMA_INT, False, d)
            for k, d in (("bos", 1), ("eos", 2), ("unknown", 0))}
     flags = {k: bool(llama_key(reader, f"tokenizer.ggml.{k}", LLAMA_BOOL, False, d))
-             for k, d in (("add_bos_token", True), ("add_eos_token", False), ("add_space_prefix", True))}
+             for k, d in (("add_bos_token", True), ("add_eos_token", False),
+                          ("add_space_prefix", True))}
     return Vocab(tokens, llama_array(reader, "tokenizer.ggml.scores", LLAMA_FLOAT, n),
-                 llama_array(reader, "tokenizer.ggml.token_type", LLAMA_INT, n), bos=ids["bos"], eos=ids["eos"],
-                 unk=ids["unknown"], add_bos=flags["add_bos_token"], add_eos=flags["add_eos_token"],
+                 llama_array(reader, "tokenizer.ggml.token_type", LLAMA_INT, n),
+                 bos=ids["bos"], eos=ids["eos"],
+                 unk=ids["unknown"], add_bos=flags["add_bos_token"],
+                 add_eos=flags["add_eos_token"],
                  add_space_prefix=flags["add_space_prefix"])
 
 # %% book/93_llama_product.ipynb #llama-load-vocab

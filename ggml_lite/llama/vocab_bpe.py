@@ -77,20 +77,27 @@ def utf8_text(raw):
 # unicodedata
 # does not know yet (llama.cpp's table is Unicode 15.1): "start[-end]category",
 # hexadecimal
-_WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+_WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680,
+                         *range(0x2000, 0x200B),
                          0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
-_NEWER = ("CF3M ECEM 2FFC-2FFFS 31EFS 10EFD-10EFFM 1123F-11240L 11241M 11B00-11B09P 11F00-11F01M 11F02L 11F03M "
-          "11F04-11F10L 11F12-11F33L 11F34-11F3AM 11F3E-11F42M 11F43-11F4FP 11F50-11F59N 1342FL 13439-1343FC 13440M "
-          "13441-13446L 13447-13455M 1B132L 1B155L 1D2C0-1D2D3N 1DF25-1DF2AL 1E030-1E06DL 1E08FM 1E4D0-1E4EBL "
-          "1E4EC-1E4EFM 1E4F0-1E4F9N 1F6DCS 1F774-1F776S 1F77B-1F77FS 1F7D9S 1FA75-1FA77S 1FA87-1FA88S 1FAAD-1FAAFS "
-          "1FABB-1FABDS 1FABFS 1FACE-1FACFS 1FADA-1FADBS 1FAE8S 1FAF7-1FAF8S 2B739L 2EBF0-2EE5DL 31350-323AFL")
+_NEWER = ("CF3M ECEM 2FFC-2FFFS 31EFS 10EFD-10EFFM 1123F-11240L 11241M 11B00-11B09P "
+          "11F00-11F01M 11F02L 11F03M "
+          "11F04-11F10L 11F12-11F33L 11F34-11F3AM 11F3E-11F42M 11F43-11F4FP "
+          "11F50-11F59N 1342FL 13439-1343FC 13440M "
+          "13441-13446L 13447-13455M 1B132L 1B155L 1D2C0-1D2D3N 1DF25-1DF2AL "
+          "1E030-1E06DL 1E08FM 1E4D0-1E4EBL "
+          "1E4EC-1E4EFM 1E4F0-1E4F9N 1F6DCS 1F774-1F776S 1F77B-1F77FS 1F7D9S "
+          "1FA75-1FA77S 1FA87-1FA88S 1FAAD-1FAAFS "
+          "1FABB-1FABDS 1FABFS 1FACE-1FACFS 1FADA-1FADBS 1FAE8S 1FAF7-1FAF8S 2B739L "
+          "2EBF0-2EE5DL 31350-323AFL")
 _NEWER_RANGES = [(int(a, 16), int(b or a, 16), k) for a, b, k in re.findall(r"([0-9A-F]+)(?:-([0-9A-F]+))?([A-Z])", _NEWER)]
 
 # the collapsed text: one character per code point, its category's stand-in (k_ucat_cpt)
 _CAT_CHAR = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
 # what each \p{...} becomes in a collapsed regex: the stand-in plus the category's ASCII
 # members (k_ucat_map)
-_CAT_CLASS = {"N": "\xd10-9", "L": "\xd2A-Za-z", "P": "\xd3!-#%-*,-/:-;?-@\\[-\\]_\\{\\}", "M": "\xd4",
+_CAT_CLASS = {"N": "\xd10-9", "L": "\xd2A-Za-z",
+              "P": "\xd3!-#%-*,-/:-;?-@\\[-\\]_\\{\\}", "M": "\xd4",
               "S": "\xd5\\$\\+<->\\^`\\|~"}
 # k_ucat_enum: \p{Lu} and co. mean any letter
 _UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")
@@ -153,7 +160,8 @@ def _compiled(expr):
     if expr not in _REGEX_CACHE:
         collapsed = bool(_UCAT.search(expr))
         if collapsed and any(ord(c) >= 128 for c in expr):
-            raise GGMLError(f"llama: regex {expr!r} mixes unicode categories and non-ASCII characters "
+            raise GGMLError(f"llama: regex {expr!r} mixes unicode categories and "
+                            "non-ASCII characters "
                             f"(llama.cpp: not supported)")
         _REGEX_CACHE[expr] = re.compile(_collapse_regex(expr), re.ASCII), collapsed
     return _REGEX_CACHE[expr]

@@ -38,8 +38,10 @@ def _random_weights(hp, rng, tied):
     for i in range(hp.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = 1 + g(e, s=0.1), 1 + g(e, s=0.1)
-        for name, rows, cols in (("attn_q", e, e), ("attn_k", kv, e), ("attn_v", kv, e), ("attn_output", e, e),
-                                 ("ffn_gate", ff, e), ("ffn_up", ff, e), ("ffn_down", e, ff)):
+        for name, rows, cols in (("attn_q", e, e), ("attn_k", kv, e), ("attn_v", kv, e),
+                                 ("attn_output", e, e),
+                                 ("ffn_gate", ff, e), ("ffn_up", ff, e),
+                                 ("ffn_down", e, ff)):
             w[p + name + ".weight"] = g(rows, cols, s=1 / math.sqrt(cols))
     return w
 
