@@ -24,7 +24,8 @@ def _init_backend(spec):
         import ggml_lite
         rpc_init = getattr(ggml_lite, "backend_rpc_init", None)
         if rpc_init is None:
-            raise GGMLError(f"llama: --device {spec}: this ggml_lite has no RPC backend")
+            raise GGMLError(f"llama: --device {spec}: "
+                            "this ggml_lite has no RPC backend")
         return rpc_init(spec[4:], 0)
     backend_load_all()
     b = backend_init_by_name(spec) or backend_init_by_name(spec.upper())
@@ -40,13 +41,13 @@ def _print_timings(m, file):
         f"llama_perf_context_print: {label:>16} = {ms:10.2f} ms / {n:5d} {unit} "
         f"({ms / max(n, 1):8.2f} ms per token, "
         f"{1e3 * n / ms if ms > 0 else 0.0:8.2f} tokens per second)", file=file)
-    print(f"llama_perf_context_print: {'load time':>16} = {t['t_load_ms']:10.2f} ms", file=file)
+    print(f"llama_perf_context_print: {'load time':>16} = {t['t_load_ms']:10.2f} ms",
+          file=file)
     p("prompt eval time", t["t_p_eval_ms"], t["n_p_eval"], "tokens")
     p("eval time", t["t_eval_ms"], t["n_eval"], "runs  ")
     total = t["t_load_ms"] + t["t_p_eval_ms"] + t["t_eval_ms"]
     print(f"llama_perf_context_print: {'total time':>16} = {total:10.2f} ms / "
-          f"{t['n_p_eval'] + t['n_eval']:5d} tokens",
-          file=file)
+          f"{t['n_p_eval'] + t['n_eval']:5d} tokens", file=file)
     print(f"llama_perf_context_print: {'graph splits':>16} = "
           f"{t.get('splits_prompt', 0)} (prompt), "
           f"{t.get('splits_decode', 0)} (decode step)", file=file)
@@ -90,12 +91,14 @@ def _check_args(args):
     # ggml_backend_sched_new: the last backend is the CPU
     if args.device[-1].upper() != "CPU":
         fix = " ".join([d for d in args.device if d.upper() != "CPU"] + ["CPU"])
-        what = "put CPU last" if "CPU" in [d.upper() for d in args.device] else "add CPU"
+        what = ("put CPU last" if "CPU" in [d.upper() for d in args.device]
+                else "add CPU")
         raise GGMLError(f"llama: --device {' '.join(args.device)}: the last device "
                         "must be CPU (it runs what the "
                         f"others cannot): {what}, e.g. --device {fix}")
     try:
-        return None if args.layers_on is None else [int(x) for x in args.layers_on.split(",")]
+        return (None if args.layers_on is None
+                else [int(x) for x in args.layers_on.split(",")])
     except ValueError:
         raise GGMLError(f"llama: --layers-on {args.layers_on}: expected "
                         "comma-separated backend indices "
@@ -105,11 +108,12 @@ def _check_args(args):
 def _run(args, state):
     layers_on = _check_args(args)
     backends = [_init_backend(d) for d in args.device]
-    n_threads = args.threads if args.threads is None or args.threads > 0 else os.cpu_count()   # llama.cpp's -t 0
+    # llama.cpp's -t 0: every core
+    n_threads = (args.threads if args.threads is None or args.threads > 0
+                 else os.cpu_count())
     m = state["model"] = load(args.model, n_ctx=args.ctx_size, backends=backends,
-                              n_threads=n_threads,
-                              layers_on=layers_on, n_batch=args.batch_size,
-                              progress=not args.no_progress)
+                              n_threads=n_threads, layers_on=layers_on,
+                              n_batch=args.batch_size, progress=not args.no_progress)
     # as llama-cli: "<s>" in a prompt is BOS
     tokens = m.tokenize(args.prompt, parse_special=True)
     if len(tokens) > m.n_ctx:

@@ -96,7 +96,8 @@ class LlamaHParams:
         return self.n_embd_head * self.n_head_kv
 
 # %% book/93_llama_product.ipynb #llama-fields
-LLAMA_INT, LLAMA_FLOAT, LLAMA_STR, LLAMA_BOOL = "an integer", "a float", "a string", "a bool"
+LLAMA_INT, LLAMA_FLOAT, LLAMA_STR, LLAMA_BOOL = ("an integer", "a float", "a string",
+                                                 "a bool")
 
 
 def llama_key(reader, key, kind, required=True, default=None):
@@ -108,7 +109,8 @@ def llama_key(reader, key, kind, required=True, default=None):
             raise GGMLError(f"llama: key not found in model: {key}")
         return default
     vt = gguf.GGUFValueType
-    ints = {vt.UINT8, vt.INT8, vt.UINT16, vt.INT16, vt.UINT32, vt.INT32, vt.UINT64, vt.INT64}
+    ints = {vt.UINT8, vt.INT8, vt.UINT16, vt.INT16,
+            vt.UINT32, vt.INT32, vt.UINT64, vt.INT64}
     ok = {LLAMA_INT: ints, LLAMA_FLOAT: {vt.FLOAT32, vt.FLOAT64},
           LLAMA_STR: {vt.STRING}, LLAMA_BOOL: {vt.BOOL}}[kind]
     if len(f.types) != 1 or f.types[0] not in ok:
@@ -148,8 +150,8 @@ def llama_read_hparams(reader):
     checks."""
     arch = llama_key(reader, "general.architecture", LLAMA_STR)
     if arch != "llama":
-        raise GGMLError(f"llama: general.architecture is '{arch}', this loader reads "
-                        "'llama' models only")
+        raise GGMLError(f"llama: general.architecture is '{arch}', "
+                        "this loader reads 'llama' models only")
     k = lambda name: f"llama.{name}"
     n_embd = llama_positive(k("embedding_length"),
                             llama_key(reader, k("embedding_length"), LLAMA_INT))
@@ -171,41 +173,41 @@ def llama_read_hparams(reader):
         if not (math.isfinite(value) and value > 0):
             raise GGMLError(f"llama: llama.{key} = {value} must be a positive number")
     if n_embd % n_head or n_head % n_head_kv:
-        raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, n_head_kv = "
-                        f"{n_head_kv}: "
+        raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, "
+                        f"n_head_kv = {n_head_kv}: "
                         f"n_head must divide n_embd and n_head_kv must divide n_head")
     n_rot = llama_key(reader, k("rope.dimension_count"), LLAMA_INT, False,
                       n_embd // n_head)
     if n_rot != n_embd // n_head:
-        raise GGMLError(f"llama: rope.dimension_count = {n_rot} must equal n_embd / "
-                        f"n_head = {n_embd // n_head}")
+        raise GGMLError(f"llama: rope.dimension_count = {n_rot} "
+                        f"must equal n_embd / n_head = {n_embd // n_head}")
     # head sizes other than n_embd/n_head
     for key in ("attention.key_length", "attention.value_length"):
-        if llama_key(reader, k(key), LLAMA_INT, False,
-                     n_embd // n_head) != n_embd // n_head:
-            raise GGMLError(f"llama: llama.{key} = {llama_key(reader, k(key), LLAMA_INT)} differs from n_embd / n_head = "
-                            f"{n_embd // n_head}; such models are not supported")
+        if (llama_key(reader, k(key), LLAMA_INT, False, n_embd // n_head)
+                != n_embd // n_head):
+            raise GGMLError(f"llama: llama.{key} = "
+                            f"{llama_key(reader, k(key), LLAMA_INT)} differs from "
+                            f"n_embd / n_head = {n_embd // n_head}; "
+                            "such models are not supported")
     if llama_key(reader, k("expert_count"), LLAMA_INT, False, 0):
-        raise GGMLError("llama: mixture-of-experts llama models (llama.expert_count > "
-                        "0) are not supported")
+        raise GGMLError("llama: mixture-of-experts llama models "
+                        "(llama.expert_count > 0) are not supported")
     scaling = llama_key(reader, k("rope.scaling.type"), LLAMA_STR, False, "none")
     factor = float(llama_key(reader, k("rope.scaling.factor"), LLAMA_FLOAT, False, 0.0))
     if scaling not in ("none", "linear"):
-        raise GGMLError(f"llama: rope.scaling.type = '{scaling}' is not supported "
-                        "(none or linear)")
+        raise GGMLError(f"llama: rope.scaling.type = '{scaling}' "
+                        "is not supported (none or linear)")
     freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
     tokens = llama_array(reader, "tokenizer.ggml.tokens", LLAMA_STR, None)
     n_vocab = llama_key(reader, k("vocab_size"), LLAMA_INT, False,
                         None if tokens is None else len(tokens))
     if n_vocab is None:
-        raise GGMLError("llama: key not found in model: tokenizer.ggml.tokens (nor "
-                        "llama.vocab_size)")
+        raise GGMLError("llama: key not found in model: "
+                        "tokenizer.ggml.tokens (nor llama.vocab_size)")
     return LlamaHParams(n_vocab=llama_positive(k("vocab_size"), n_vocab),
-                        n_ctx_train=n_ctx_train, n_embd=n_embd,
-                        n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
-                        n_rot=int(n_rot),
-                        f_norm_rms_eps=eps,
-                        rope_freq_base=base,
+                        n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer,
+                        n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, n_rot=int(n_rot),
+                        f_norm_rms_eps=eps, rope_freq_base=base,
                         rope_freq_scale=freq_scale,
                         f_attention_scale=float(llama_key(reader, k("attention.scale"),
                                                           LLAMA_FLOAT, False, 0.0)))
@@ -217,19 +219,22 @@ def llama_open(path):
     try:
         import gguf
     except ImportError:
-        raise GGMLError("llama: reading GGUF files needs the gguf package: pip install gguf "
-                        "(in a checkout of ggml_lite: pip install -e '.[llama]')") from None
+        raise GGMLError("llama: reading GGUF files needs the gguf package: "
+                        "pip install gguf (in a checkout of ggml_lite: "
+                        "pip install -e '.[llama]')") from None
     _check_magic_and_version(path)
     try:
         return _checked_reader(gguf)(str(path), "r")
     # the reader ran past the end, or read nonsense counts
     except (ValueError, IndexError) as e:
         size = os.path.getsize(path)
-        raise GGMLError(f"llama: {path} is truncated or corrupt inside its header ({size} bytes in all): "
+        raise GGMLError(f"llama: {path} is truncated or corrupt inside its header "
+                        f"({size} bytes in all): "
                         f"reading the key-value pairs or the tensor records failed "
                         f"({type(e).__name__}: {e})") from None
     except (OSError, KeyError) as e:
-        raise GGMLError(f"llama: {path} is not a readable GGUF file: {type(e).__name__}: {e}") from None
+        raise GGMLError(f"llama: {path} is not a readable GGUF file: "
+                        f"{type(e).__name__}: {e}") from None
 
 
 @functools.cache
@@ -243,7 +248,8 @@ def _checked_reader(gguf):
             super()._build_tensors(start_offs, fields)
 
         def _get_field_parts(self, offs, raw_type):
-            parts = _array_parts(gguf, self, offs) if raw_type == gguf.GGUFValueType.ARRAY else None
+            parts = (_array_parts(gguf, self, offs)
+                     if raw_type == gguf.GGUFValueType.ARRAY else None)
             return parts or super()._get_field_parts(offs, raw_type)
     return CheckedReader
 
@@ -254,7 +260,8 @@ def _array_parts(gguf, reader, offs):
     their types and 300k merges."""
     vt = gguf.GGUFValueType
     itype, count = reader._get(offs, np.uint32), reader._get(offs + 4, np.uint64)
-    dtype = reader.gguf_scalar_to_np.get(vt(itype[0])) if itype[0] in vt._value2member_map_ else None
+    dtype = (reader.gguf_scalar_to_np.get(vt(itype[0]))
+             if itype[0] in vt._value2member_map_ else None)
     if reader.byte_order != "I" or count[0] == 0 or (itype[0] != vt.STRING
                                                      and dtype is None):
         return None
@@ -263,7 +270,8 @@ def _array_parts(gguf, reader, offs):
     if dtype is not None:
         size = n * np.dtype(dtype).itemsize
         if o + size > end:
-            raise ValueError(f"array at offset {offs}: {n} values run past the end of the file")
+            raise ValueError(f"array at offset {offs}: {n} values run past the end "
+                             "of the file")
         values = np.frombuffer(reader.data, dtype, n, o)
         parts += [values[i:i + 1] for i in range(n)]
         return 12 + size, parts, list(range(2, n + 2)), [vt.ARRAY, vt(itype[0])]
@@ -292,13 +300,17 @@ def _check_data_layout(gguf, reader, data_start, fields):
             # an unknown type: GGUFReader says which
             return
         if offset != expected:
-            why = f"not a multiple of general.alignment = {align}" if offset % align else f"expected {expected}"
-            raise GGMLError(f"llama: tensor '{name}' has offset {offset}, {why} (gguf.cpp: each tensor's data "
-                            f"starts where the previous one's, padded to {align} bytes, ends)")
+            why = (f"not a multiple of general.alignment = {align}" if offset % align
+                   else f"expected {expected}")
+            raise GGMLError(f"llama: tensor '{name}' has offset {offset}, {why} "
+                            f"(gguf.cpp: each tensor's data starts where the previous "
+                            f"one's, padded to {align} bytes, ends)")
         n = int(np.prod([int(d) for d in dims], dtype=np.int64)) // bs * ts
         if data_start + offset + n > size:
-            raise GGMLError(f"llama: the file is truncated: tensor '{name}' needs bytes [{data_start + offset}, "
-                            f"{data_start + offset + n}), the file has {size} (llama.cpp: data is not within the "
+            raise GGMLError(f"llama: the file is truncated: tensor '{name}' needs "
+                            f"bytes [{data_start + offset}, "
+                            f"{data_start + offset + n}), "
+                            f"the file has {size} (llama.cpp: data is not within the "
                             f"file bounds, model is corrupted or incomplete)")
         expected = offset + -(-n // align) * align
 
@@ -312,11 +324,14 @@ def _check_magic_and_version(path):
     except OSError as e:
         raise GGMLError(f"llama: cannot read {path}: {e.strerror or e}") from None
     if head[:4] != b"GGUF":
-        raise GGMLError(f"llama: {path} is not a GGUF file: it starts with {head[:4]!r}, not b'GGUF'")
+        raise GGMLError(f"llama: {path} is not a GGUF file: "
+                        f"it starts with {head[:4]!r}, not b'GGUF'")
     if len(head) < 8:
-        raise GGMLError(f"llama: {path} is truncated: {len(head)} bytes, not even a GGUF header")
+        raise GGMLError(f"llama: {path} is truncated: {len(head)} bytes, "
+                        f"not even a GGUF header")
     version = int.from_bytes(head[4:], "little")
     if version not in (2, 3):
-        raise GGMLError(f"llama: {path}: this GGUF file is version {version}, and only versions 2 and 3 "
-                        f"can be read" + (" (is there a mismatch between the host and the model's byte order?)"
-                                          if version & 0xFFFF == 0 else ""))
+        raise GGMLError(f"llama: {path}: this GGUF file is version {version}, "
+                        f"and only versions 2 and 3 can be read"
+                        + (" (is there a mismatch between the host and the model's "
+                           "byte order?)" if version & 0xFFFF == 0 else ""))

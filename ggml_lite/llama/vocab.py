@@ -5,7 +5,8 @@ __all__ = ['Vocab', 'BPEVocab', 'load_vocab']
 
 # %% book/93_llama_product.ipynb #llama-vocab-imports
 from ggml_lite.core import GGMLError
-from ggml_lite.llama.file import LLAMA_BOOL, LLAMA_FLOAT, LLAMA_INT, LLAMA_STR, llama_array, llama_key, llama_open
+from ggml_lite.llama.file import (LLAMA_BOOL, LLAMA_FLOAT, LLAMA_INT, LLAMA_STR,
+                                  llama_array, llama_key, llama_open)
 
 # %% book/93_llama_product.ipynb #llama-vocab-bytes
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -30,19 +31,22 @@ class Vocab:
         n = len(tokens)
         self.tokens = [bytes(t) for t in tokens]
         self.scores = [0.0] * n if scores is None else [float(s) for s in scores]
-        self.types = [_NORMAL] * n if token_types is None else [int(t) for t in token_types]
+        self.types = ([_NORMAL] * n if token_types is None
+                      else [int(t) for t in token_types])
         for name, tid in (("bos", bos), ("eos", eos), ("unk", unk)):
             if tid is not None and not 0 <= tid < n:
                 raise GGMLError(f"llama: {name} token id {tid} is outside the "
                                 f"vocabulary of {n} tokens")
         self.bos, self.eos, self.unk = bos, eos, unk
-        self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
+        self.add_bos, self.add_eos, self.add_space_prefix = (add_bos, add_eos,
+                                                             add_space_prefix)
         self.text_to_id = {}
         for i, t in enumerate(self.tokens):
             # a repeated text: the last id wins, as in llama.cpp
             self.text_to_id[t] = i
         # tokenizer_st_partition looks for the longest special texts first
-        self.special = sorted((i for i, t in enumerate(self.types) if t in (_CONTROL, _USER_DEFINED, _UNKNOWN)),
+        self.special = sorted((i for i, t in enumerate(self.types)
+                               if t in (_CONTROL, _USER_DEFINED, _UNKNOWN)),
                               key=lambda i: -len(self.tokens[i]))
 
     @property
@@ -61,7 +65,8 @@ class Vocab:
         return tid
 
     def token_to_piece(self, tid, special=False):
-        """llama_token_to_piece: the bytes a token stands for ('\u2581' -> ' ', <0xXX> -> the byte)."""
+        """llama_token_to_piece: the bytes a token stands for
+        ('\u2581' -> ' ', <0xXX> -> the byte)."""
         if not 0 <= tid < self.n_tokens:
             raise GGMLError(f"llama: token id {tid} is outside the vocabulary of "
                             f"{self.n_tokens} tokens")
@@ -216,7 +221,8 @@ def _detokenize(vocab, tokens, remove_special=False, unparse_special=False):
     return b"".join(pieces).decode("utf-8", errors="replace")
 
 # %% book/93_llama_product.ipynb #llama-bpe-vocab-imports
-from ggml_lite.llama.vocab_bpe import bpe_merge, bpe_pre, byte_decode, byte_encode, clean_spaces, pre_split, utf8_text
+from ggml_lite.llama.vocab_bpe import (bpe_merge, bpe_pre, byte_decode, byte_encode,
+                                       clean_spaces, pre_split, utf8_text)
 
 # %% book/93_llama_product.ipynb #llama-bpe-vocab
 class BPEVocab(Vocab):
@@ -224,14 +230,15 @@ class BPEVocab(Vocab):
     rules in rank order, and the pre-tokenizer tokenizer.ggml.pre names; llama.cpp's
     llm_tokenizer_bpe and its detokenizer."""
 
-    def __init__(self, tokens, merges, pre="default", token_types=None, bos=None, eos=None,
+    def __init__(self, tokens, merges, pre="default", token_types=None, bos=None,
+                 eos=None,
                  add_bos=None, add_eos=False, add_space_prefix=False):
         self.pre = bpe_pre(pre)
         super().__init__(tokens, None, token_types, bos=bos, eos=eos, unk=None,
                          add_bos=self.pre.add_bos if add_bos is None else add_bos,
-                         add_eos=add_eos,
-                         add_space_prefix=add_space_prefix)
-        self.str_to_id = {t.decode("utf-8", "surrogateescape"): i for i, t in enumerate(self.tokens)}
+                         add_eos=add_eos, add_space_prefix=add_space_prefix)
+        self.str_to_id = {t.decode("utf-8", "surrogateescape"): i
+                          for i, t in enumerate(self.tokens)}
         self.ranks = {}
         for rank, m in enumerate(merges):
             m = m.decode("utf-8", "surrogateescape") if isinstance(m, bytes) else m
@@ -280,12 +287,14 @@ class BPEVocab(Vocab):
                     # else its bytes, those that are tokens
                     continue
                 for b in piece.encode("utf-8", "surrogatepass"):
-                    tid = self.text_to_id.get(bytes([b]) if pre.byte_level else f"<0x{b:02X}>".encode())
+                    tid = self.text_to_id.get(bytes([b]) if pre.byte_level
+                                              else f"<0x{b:02X}>".encode())
                     if tid is not None:
                         out.append(tid)
 
     def token_to_piece(self, tid, special=False):
-        """llama_token_to_piece: a normal token's characters mapped back to bytes (or '\u2581' -> ' ')."""
+        """llama_token_to_piece: a normal token's characters mapped back to bytes
+        (or '\u2581' -> ' ')."""
         if not 0 <= tid < self.n_tokens:
             raise GGMLError(f"llama: token id {tid} is outside the vocabulary of "
                             f"{self.n_tokens} tokens")
@@ -311,19 +320,28 @@ def llama_read_vocab_bpe(reader, model, tokens):
     try:
         merges = llama_array(reader, "tokenizer.ggml.merges", LLAMA_STR, None)
     except UnicodeDecodeError as e:
-        raise GGMLError(f"llama: tokenizer.ggml.merges holds a rule that is not UTF-8 ({e})") from None
+        raise GGMLError(f"llama: tokenizer.ggml.merges holds a rule that is not UTF-8 "
+                        f"({e})") from None
     if merges is None:
-        raise GGMLError("llama: cannot find tokenizer merges in model file (tokenizer.ggml.merges)")
-    pre = "gemma4" if model == "gemma4" else llama_key(reader, "tokenizer.ggml.pre", LLAMA_STR, False, "") or "default"
+        raise GGMLError("llama: cannot find tokenizer merges in model file "
+                        "(tokenizer.ggml.merges)")
+    pre = ("gemma4" if model == "gemma4" else
+           llama_key(reader, "tokenizer.ggml.pre", LLAMA_STR, False, "") or "default")
     # llama.cpp's BPE default BOS and EOS: 11
     default = None if model == "gemma4" or n <= 11 else 11
-    bos, eos = (llama_key(reader, f"tokenizer.ggml.{k}_token_id", LLAMA_INT, False, default) for k in ("bos", "eos"))
+    bos, eos = (llama_key(reader, f"tokenizer.ggml.{k}_token_id", LLAMA_INT, False,
+                          default) for k in ("bos", "eos"))
     add_bos = llama_key(reader, "tokenizer.ggml.add_bos_token", LLAMA_BOOL, False, None)
     # llama.cpp's Gemma 4 workaround
     add_bos = True if model == "gemma4" else add_bos
-    return BPEVocab(tokens, merges, pre, llama_array(reader, "tokenizer.ggml.token_type", LLAMA_INT, n), bos=bos,
-                    eos=eos, add_bos=add_bos, add_eos=bool(llama_key(reader, "tokenizer.ggml.add_eos_token", LLAMA_BOOL, False, False)),
-                    add_space_prefix=bool(llama_key(reader, "tokenizer.ggml.add_space_prefix", LLAMA_BOOL, False, False)))
+    return BPEVocab(tokens, merges, pre,
+                    llama_array(reader, "tokenizer.ggml.token_type", LLAMA_INT, n),
+                    bos=bos, eos=eos, add_bos=add_bos,
+                    add_eos=bool(llama_key(reader, "tokenizer.ggml.add_eos_token",
+                                           LLAMA_BOOL, False, False)),
+                    add_space_prefix=bool(llama_key(reader,
+                                                    "tokenizer.ggml.add_space_prefix",
+                                                    LLAMA_BOOL, False, False)))
 
 # %% book/93_llama_product.ipynb #llama-read-vocab
 def llama_read_vocab(reader, n_vocab):
@@ -350,9 +368,8 @@ def llama_read_vocab(reader, n_vocab):
                           ("add_space_prefix", True))}
     return Vocab(tokens, llama_array(reader, "tokenizer.ggml.scores", LLAMA_FLOAT, n),
                  llama_array(reader, "tokenizer.ggml.token_type", LLAMA_INT, n),
-                 bos=ids["bos"], eos=ids["eos"],
-                 unk=ids["unknown"], add_bos=flags["add_bos_token"],
-                 add_eos=flags["add_eos_token"],
+                 bos=ids["bos"], eos=ids["eos"], unk=ids["unknown"],
+                 add_bos=flags["add_bos_token"], add_eos=flags["add_eos_token"],
                  add_space_prefix=flags["add_space_prefix"])
 
 # %% book/93_llama_product.ipynb #llama-load-vocab

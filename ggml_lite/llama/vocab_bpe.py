@@ -41,7 +41,8 @@ def byte_decode(text):
     for ch in text:
         b = CHAR_TO_BYTE.get(ch)
         if b is None:
-            out += f"[UNK_BYTE_0x{ch.encode('utf-8', 'surrogatepass').hex()}{text}]".encode("utf-8", "surrogatepass")
+            out += (f"[UNK_BYTE_0x{ch.encode('utf-8', 'surrogatepass').hex()}{text}]"
+                    .encode("utf-8", "surrogatepass"))
         else:
             out.append(b)
     return bytes(out)
@@ -59,7 +60,8 @@ def utf8_text(raw):
         b, k = raw[i], 1
         # k: the sequence's length from the lead byte, 0 if none
         if b >= 0x80:
-            k = 0 if not b & 0x40 else 2 if not b & 0x20 else 3 if not b & 0x10 else 4 if not b & 0x08 else 0
+            k = (0 if not b & 0x40 else 2 if not b & 0x20 else 3 if not b & 0x10
+                 else 4 if not b & 0x08 else 0)
         tail = raw[i + 1:i + k]
         if k == 0 or len(tail) < k - 1 or any(c & 0xC0 != 0x80 for c in tail):
             out.append("\ufffd")
@@ -73,24 +75,22 @@ def utf8_text(raw):
     return "".join(out)
 
 # %% book/93_llama_product.ipynb #llama-bpe-unicode
-# unicode-data.cpp's White_Space list, and the code points it classes that this Python's
-# unicodedata
-# does not know yet (llama.cpp's table is Unicode 15.1): "start[-end]category",
-# hexadecimal
+# unicode-data.cpp's White_Space list, and the code points it classes that this
+# Python's unicodedata does not know yet (llama.cpp's table is Unicode 15.1):
+# "start[-end]category", hexadecimal
 _WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680,
-                         *range(0x2000, 0x200B),
-                         0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+                         *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F,
+                         0x3000])
 _NEWER = ("CF3M ECEM 2FFC-2FFFS 31EFS 10EFD-10EFFM 1123F-11240L 11241M 11B00-11B09P "
-          "11F00-11F01M 11F02L 11F03M "
-          "11F04-11F10L 11F12-11F33L 11F34-11F3AM 11F3E-11F42M 11F43-11F4FP "
-          "11F50-11F59N 1342FL 13439-1343FC 13440M "
+          "11F00-11F01M 11F02L 11F03M 11F04-11F10L 11F12-11F33L 11F34-11F3AM "
+          "11F3E-11F42M 11F43-11F4FP 11F50-11F59N 1342FL 13439-1343FC 13440M "
           "13441-13446L 13447-13455M 1B132L 1B155L 1D2C0-1D2D3N 1DF25-1DF2AL "
-          "1E030-1E06DL 1E08FM 1E4D0-1E4EBL "
-          "1E4EC-1E4EFM 1E4F0-1E4F9N 1F6DCS 1F774-1F776S 1F77B-1F77FS 1F7D9S "
-          "1FA75-1FA77S 1FA87-1FA88S 1FAAD-1FAAFS "
+          "1E030-1E06DL 1E08FM 1E4D0-1E4EBL 1E4EC-1E4EFM 1E4F0-1E4F9N 1F6DCS "
+          "1F774-1F776S 1F77B-1F77FS 1F7D9S 1FA75-1FA77S 1FA87-1FA88S 1FAAD-1FAAFS "
           "1FABB-1FABDS 1FABFS 1FACE-1FACFS 1FADA-1FADBS 1FAE8S 1FAF7-1FAF8S 2B739L "
           "2EBF0-2EE5DL 31350-323AFL")
-_NEWER_RANGES = [(int(a, 16), int(b or a, 16), k) for a, b, k in re.findall(r"([0-9A-F]+)(?:-([0-9A-F]+))?([A-Z])", _NEWER)]
+_NEWER_RANGES = [(int(a, 16), int(b or a, 16), k) for a, b, k
+                 in re.findall(r"([0-9A-F]+)(?:-([0-9A-F]+))?([A-Z])", _NEWER)]
 
 # the collapsed text: one character per code point, its category's stand-in (k_ucat_cpt)
 _CAT_CHAR = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
@@ -113,14 +113,17 @@ def category(cp):
 
 
 class _Collapse(dict):
-    """str.translate table: ASCII as is, other white space -> \\v, else the category's stand-in (0xD0: none)."""
+    """str.translate table: ASCII as is, other white space -> \\v, else the category's
+    stand-in (0xD0: none)."""
     def __missing__(self, cp):
-        self[cp] = chr(cp) if cp < 128 else "\x0b" if cp in _WHITESPACE else _CAT_CHAR.get(category(cp), "\xd0")
+        self[cp] = (chr(cp) if cp < 128 else "\x0b" if cp in _WHITESPACE
+                    else _CAT_CHAR.get(category(cp), "\xd0"))
         return self[cp]
 
 
 class _Spaces(dict):
-    """str.translate table for a regex without \\p{...}: non-ASCII white space -> \\v (std::wregex's \\s is ASCII)."""
+    """str.translate table for a regex without \\p{...}: non-ASCII white space -> \\v
+    (std::wregex's \\s is ASCII)."""
     def __missing__(self, cp):
         self[cp] = "\x0b" if cp >= 128 and cp in _WHITESPACE else chr(cp)
         return self[cp]
@@ -130,8 +133,9 @@ _COLLAPSE, _SPACES = _Collapse(), _Spaces()
 
 # %% book/93_llama_product.ipynb #llama-bpe-split
 def _collapse_regex(expr):
-    """unicode_regex_split's rewrite of a regex for the collapsed text: \\p{X} -> [stand-in + ASCII members]
-    ([...] omitted inside a class); $ -> \\Z (ECMAScript's $ is the end, Python's also before a final \\n)."""
+    """unicode_regex_split's rewrite of a regex for the collapsed text:
+    \\p{X} -> [stand-in + ASCII members] ([...] omitted inside a class);
+    $ -> \\Z (ECMAScript's $ is the end, Python's also before a final \\n)."""
     out, inside, i = [], False, 0
     while i < len(expr):
         m = _UCAT.match(expr, i)
@@ -155,8 +159,9 @@ _REGEX_CACHE = {}
 
 
 def _compiled(expr):
-    """(compiled regex, runs on the collapsed text?): std::regex's ECMAScript as Python's re in ASCII mode
-    (\\s \\d \\w ASCII only, as std::regex in the C locale)."""
+    """(compiled regex, runs on the collapsed text?): std::regex's ECMAScript as
+    Python's re in ASCII mode (\\s \\d \\w ASCII only, as std::regex in the C
+    locale)."""
     if expr not in _REGEX_CACHE:
         collapsed = bool(_UCAT.search(expr))
         if collapsed and any(ord(c) >= 128 for c in expr):
@@ -171,7 +176,8 @@ def pre_split(text, exprs):
     """unicode_regex_split: cut text (str) into words, each regex in turn cutting the
     pieces the previous ones made; what no match covers is a piece of its own. Matching
     runs on the collapsed text."""
-    collapsed = text.translate(_COLLAPSE) if any(_UCAT.search(e) for e in exprs) else None
+    collapsed = (text.translate(_COLLAPSE) if any(_UCAT.search(e) for e in exprs)
+                 else None)
     plain = text.translate(_SPACES)
     sizes = [len(text)]
     for expr in exprs:
@@ -201,18 +207,26 @@ _QWEN2_TAIL = "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 # llm_tokenizer_bpe's regex_exprs, by LLAMA_VOCAB_PRE_TYPE
 _PRE_REGEXES = {
     "default": ("[\\p{P}\\$\\+<=>\\^~\\|]+", _GPT2, "\\p{N}+", "[0-9][0-9][0-9]"),
-    "llama3": (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}" + _QWEN2_TAIL,),
-    # (\u escapes: characters that Unicode normalization would change in a copy of this
-    # text)
-    "deepseek-llm": ("[\r\n]", "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7d"
-                     "ᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
-                     "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", "\\s+$", "[一-龥ࠀ-一가-\ud7ff]+", "\\p{N}+"),
-    "deepseek-coder": ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-\ud7ff]+", "\\p{N}"),
+    "llama3": (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+               + _QWEN2_TAIL,),
+    # (\u escapes: characters that Unicode normalization would change in a copy
+    # of this text)
+    "deepseek-llm": ("[\r\n]",
+                     "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-Ⴥ"
+                     "Ꭰ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄ"
+                     "ῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿ"
+                     "ⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲"
+                     "𑢠-𑣟𞤀-𞥃]+",
+                     "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", "\\s+$",
+                     "[一-龥ࠀ-一가-\ud7ff]+", "\\p{N}+"),
+    "deepseek-coder": ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
+                       "[一-龥ࠀ-一가-\ud7ff]+", "\\p{N}"),
     "falcon": ("[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2, "[0-9][0-9][0-9]"),
     "starcoder": ("\\p{N}", _GPT2),
     "gpt2": (_GPT2,),
     "qwen2": (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" + _QWEN2_TAIL,),
-    "qwen35": (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+    "qwen35": (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+               "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",),
     "gemma4": ("[^\\n]+|[\\n]+",),
 }
@@ -243,7 +257,8 @@ for _names, _rx, _opt in (
         ("deepseek-llm", "deepseek-llm", dict(clean_spaces=False)),
         ("deepseek-coder", "deepseek-coder", dict(clean_spaces=False)),
         ("falcon", "falcon", {}),
-        ("gpt-2 phi-2 mpt olmo jina-es jina-de gigachat jina-v2-es jina-v2-de mellum", "gpt2", {}),
+        ("gpt-2 phi-2 mpt olmo jina-es jina-de gigachat jina-v2-es jina-v2-de mellum",
+         "gpt2", {}),
         ("starcoder refact codeshell exaone minerva-7b", "starcoder", {}),
         ("command-r smollm", "starcoder", dict(clean_spaces=False)),
         ("qwen2 deepseek-r1-qwen", "qwen2", dict(clean_spaces=False)),
@@ -258,7 +273,8 @@ def bpe_pre(name):
     """The pre-tokenizer of a tokenizer.ggml.pre name; GGMLError for one not implemented
     here."""
     if name not in _PRE:
-        raise GGMLError(f"llama: unknown pre-tokenizer type: '{name}' (tokenizer.ggml.pre; implemented here: "
+        raise GGMLError(f"llama: unknown pre-tokenizer type: '{name}' "
+                        f"(tokenizer.ggml.pre; implemented here: "
                         f"{', '.join(sorted(_PRE))})")
     rx, opt = _PRE[name]
     return BPEPre(name, _PRE_REGEXES[rx], **opt)
@@ -303,7 +319,8 @@ def clean_spaces(text):
     text = re.sub(r" ([?!.,])", r"\1", text)
     out, i = [], 0
     while i < len(text):
-        if i and text[i] == "'" and i + 1 < len(text) and text[i - 1] == " " == text[i + 1] and out[-1] == " ":
+        if (i and text[i] == "'" and i + 1 < len(text)
+                and text[i - 1] == " " == text[i + 1] and out[-1] == " "):
             out[-1] = "'"
             i += 2                                     # the space after goes too
             continue
@@ -311,8 +328,8 @@ def clean_spaces(text):
         i += 1
     text, out = "".join(out), []
     for i, c in enumerate(text):
-        if i and c == "'" and text[i - 1] == " " and (text[i + 1:i + 2] in ("s", "m") or
-                                                      text[i + 1:i + 3] in ("re", "ve")):
+        if i and c == "'" and text[i - 1] == " " and (
+                text[i + 1:i + 2] in ("s", "m") or text[i + 1:i + 3] in ("re", "ve")):
             out.pop()
         out.append(c)
     return "".join(out)

@@ -37,16 +37,17 @@ def _random_weights(hp, rng, tied):
         w["output.weight"] = g(hp.n_vocab, e, s=2 / math.sqrt(e))
     for i in range(hp.n_layer):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = 1 + g(e, s=0.1), 1 + g(e, s=0.1)
+        w[p + "attn_norm.weight"], w[p + "ffn_norm.weight"] = (1 + g(e, s=0.1),
+                                                               1 + g(e, s=0.1))
         for name, rows, cols in (("attn_q", e, e), ("attn_k", kv, e), ("attn_v", kv, e),
-                                 ("attn_output", e, e),
-                                 ("ffn_gate", ff, e), ("ffn_up", ff, e),
-                                 ("ffn_down", e, ff)):
+                                 ("attn_output", e, e), ("ffn_gate", ff, e),
+                                 ("ffn_up", ff, e), ("ffn_down", e, ff)):
             w[p + name + ".weight"] = g(rows, cols, s=1 / math.sqrt(cols))
     return w
 
 # %% book/93_llama_product.ipynb #llama-writer
-def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, out_type=None, rope_freqs=None):
+def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False,
+                     out_type=None, rope_freqs=None):
     """A llama GGUF file with seeded random weights: 2-D weights in wtype (the output
     head in out_type, default wtype), norms in F32, the vocabulary cut to n_vocab tokens
     (an SPM Vocab: its first n_vocab; a BPEVocab: see _bpe_cut), and rope_freqs (n_rot/2
@@ -55,7 +56,8 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, o
     import gguf
     hp, rng = hparams, np.random.default_rng(seed)
     if hp.n_vocab > vocab.n_tokens:
-        raise GGMLError(f"llama: n_vocab = {hp.n_vocab}, but the vocabulary has {vocab.n_tokens} tokens")
+        raise GGMLError(f"llama: n_vocab = {hp.n_vocab}, "
+                        f"but the vocabulary has {vocab.n_tokens} tokens")
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"ggml_lite random llama {type_name(wtype)}")
     w.add_context_length(hp.n_ctx_train)
@@ -71,11 +73,14 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False, o
     _write_vocab(w, vocab, hp.n_vocab)
     weights = _random_weights(hp, rng, tied)
     if rope_freqs is not None:
-        weights["rope_freqs.weight"] = np.asarray(rope_freqs, np.float32).reshape(hp.n_rot // 2)
+        weights["rope_freqs.weight"] = (np.asarray(rope_freqs, np.float32)
+                                        .reshape(hp.n_rot // 2))
     for name, x in weights.items():
-        t = Type.F32 if x.ndim == 1 else (out_type or wtype) if name == "output.weight" else wtype
+        t = (Type.F32 if x.ndim == 1
+             else (out_type or wtype) if name == "output.weight" else wtype)
         data = _quantize_bytes(x, t)
-        w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType(int(t)) if data.dtype == np.uint8 else None)
+        w.add_tensor(name, data, raw_dtype=(gguf.GGMLQuantizationType(int(t))
+                                            if data.dtype == np.uint8 else None))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -95,7 +100,8 @@ def _bpe_cut(vocab, n):
         extra = [i for i in extra if i >= n - len(extra)]
     ids = list(range(min(n, vocab.n_tokens) - len(extra))) + extra
     kept = {vocab.tokens[i].decode("utf-8", "surrogateescape") for i in ids}
-    merges = [f"{a} {b}" for (a, b), _ in sorted(vocab.ranks.items(), key=lambda kv: kv[1])
+    merges = [f"{a} {b}"
+              for (a, b), _ in sorted(vocab.ranks.items(), key=lambda kv: kv[1])
               if a in kept and b in kept and a + b in kept]
     return ids, merges
 
