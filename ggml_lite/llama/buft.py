@@ -4,8 +4,9 @@
 __all__ = []
 
 # %% book/12_llama.ipynb #llama-buft
-from ggml_lite.backend import (backend_dev_backend_reg, backend_dev_buffer_type, backend_dev_supports_op,
-                               backend_dev_type, backend_get_default_buffer_type, backend_get_device,
+from ggml_lite.backend import (backend_dev_backend_reg, backend_dev_buffer_type,
+                               backend_dev_supports_op, backend_dev_type,
+                               backend_get_default_buffer_type, backend_get_device,
                                backend_reg_get_proc_address)
 from ggml_lite.backend_buffer import backend_buft_alloc_buffer, backend_buffer_free
 from ggml_lite.backend_impl import BackendDevType
@@ -13,16 +14,17 @@ from ggml_lite.backends.cpu.backend import backend_is_cpu
 from ggml_lite.context import free, init
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import Op, get_rows, mul, mul_mat, rope_ext
-from ggml_lite.tensor import new_tensor_1d, new_tensor_3d, new_tensor_4d, tensor_overhead
+from ggml_lite.tensor import (new_tensor_1d, new_tensor_3d, new_tensor_4d,
+                              tensor_overhead)
 from ggml_lite.types import Type
 
 # LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (the output
-# head, tied or
-# not, is token_embd's tensor when tied, and then it is looked up as token_embd:
-# GET_ROWS)
-LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL, "output": Op.MUL_MAT,
-                    "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT, "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT,
-                    "attn_output": Op.MUL_MAT, "ffn_norm": Op.MUL, "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
+# head, tied or not, is token_embd's tensor when tied, and then it is looked up as
+# token_embd: GET_ROWS)
+LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL,
+                    "output": Op.MUL_MAT, "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT,
+                    "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT, "attn_output": Op.MUL_MAT,
+                    "ffn_norm": Op.MUL, "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
                     "ffn_down": Op.MUL_MAT, "rope_freqs": Op.ROPE}
 
 
@@ -39,7 +41,8 @@ def make_buft_list(dev):
     a layer on dev may go to, best first."""
     bufts = []
     if backend_dev_type(dev) == BackendDevType.CPU:
-        get_extra = backend_reg_get_proc_address(backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts")
+        get_extra = backend_reg_get_proc_address(backend_dev_backend_reg(dev),
+                                                 "ggml_backend_dev_get_extra_bufts")
         bufts += list(get_extra(dev)) if get_extra is not None else []
     return bufts + [backend_dev_buffer_type(dev)]
 
@@ -53,19 +56,24 @@ def weight_buft_supported(w, op, buft, dev):
         if op == Op.GET_ROWS:
             node = get_rows(ctx, w, new_tensor_1d(ctx, Type.I32, 512))
         elif op == Op.MUL_MAT:
-            node = mul_mat(ctx, w, new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]))
+            node = mul_mat(ctx, w,
+                           new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]))
         elif op == Op.MUL:
-            node = mul(ctx, new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]), w)
+            node = mul(ctx,
+                       new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]), w)
         # llama.cpp: a [n_embd_head, n_head, 512] and n_dims 0, which ggml_lite's
         elif op == Op.ROPE:
             # CPU refuses (no rotation): one head of the dims rope_freqs scales
             n_dims = 2 * w.ne[0]
             a = new_tensor_3d(ctx, Type.F32, n_dims, 1, 512)
-            node = rope_ext(ctx, a, new_tensor_1d(ctx, Type.I32, 512), w, n_dims, 0, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
+            node = rope_ext(ctx, a, new_tensor_1d(ctx, Type.I32, 512), w, n_dims, 0, 0,
+                            1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
         else:
-            raise GGMLError(f"weight_buft_supported: missing test for op {op.name} for tensor {w.name}")
+            raise GGMLError(f"weight_buft_supported: missing test for op {op.name} "
+                            f"for tensor {w.name}")
         if w.buffer is not None:
-            raise GGMLError(f"weight_buft_supported: tensor '{w.name}' already has a buffer")
+            raise GGMLError(f"weight_buft_supported: tensor '{w.name}' "
+                            "already has a buffer")
         w.buffer = backend_buft_alloc_buffer(buft, 0)
         try:
             return bool(backend_dev_supports_op(dev, node))
@@ -95,5 +103,6 @@ def llama_weight_buft(w, name, backend):
         return backend_get_default_buffer_type(backend)
     buft = select_weight_buft(w, llama_weight_op(name), backend_get_device(backend))
     if buft is None:
-        raise GGMLError(f"llama: failed to find a compatible buffer type for tensor {name}")
+        raise GGMLError("llama: failed to find a compatible buffer type "
+                        f"for tensor {name}")
     return buft

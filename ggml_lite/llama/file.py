@@ -15,7 +15,8 @@ from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, blck_size, row_size, type_name
 
 # %% book/12_llama.ipynb #llama-tensors
-LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K}
+LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q8_0,
+                      Type.Q4_K, Type.Q6_K}
 
 
 def _expected_tensors(hp):
@@ -23,11 +24,13 @@ def _expected_tensors(hp):
     in order."""
     e, v, ff, kv = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_k_gqa
     yield from (("token_embd.weight", (e, v), True), ("output_norm.weight", (e,), True),
-                ("output.weight", (e, v), False), ("rope_freqs.weight", (hp.n_rot // 2,), False))
+                ("output.weight", (e, v), False),
+                ("rope_freqs.weight", (hp.n_rot // 2,), False))
     for i in range(hp.n_layer):
-        for name, ne in (("attn_norm", (e,)), ("attn_q", (e, e)), ("attn_k", (e, kv)), ("attn_v", (e, kv)),
-                         ("attn_output", (e, e)), ("ffn_norm", (e,)), ("ffn_gate", (e, ff)),
-                         ("ffn_up", (e, ff)), ("ffn_down", (ff, e))):
+        for name, ne in (("attn_norm", (e,)), ("attn_q", (e, e)), ("attn_k", (e, kv)),
+                         ("attn_v", (e, kv)), ("attn_output", (e, e)),
+                         ("ffn_norm", (e,)), ("ffn_gate", (e, ff)), ("ffn_up", (e, ff)),
+                         ("ffn_down", (ff, e))):
             yield f"blk.{i}.{name}.weight", ne, True
 
 
@@ -41,7 +44,8 @@ def llama_check_tensor_names(names, hp):
         want[name] = (ne, required)
     extra = sorted(set(names) - set(want))
     if extra:
-        raise GGMLError(f"llama: unexpected tensor '{extra[0]}' in the file ({len(extra)} not used by this architecture)")
+        raise GGMLError(f"llama: unexpected tensor '{extra[0]}' in the file "
+                        f"({len(extra)} not used by this architecture)")
     return want
 
 
@@ -55,14 +59,15 @@ def llama_check_tensor(rt, ne):
     t = Type(tid)
     shape = tuple(int(x) for x in rt.shape)
     if shape != tuple(ne):
-        raise GGMLError(f"llama: tensor '{rt.name}' has wrong shape; expected {list(ne)}, got {list(shape)}")
+        raise GGMLError(f"llama: tensor '{rt.name}' has wrong shape; "
+                        f"expected {list(ne)}, got {list(shape)}")
     if ne[0] % blck_size(t):
-        raise GGMLError(f"llama: tensor '{rt.name}' ({type_name(t)}): ne[0] = {ne[0]} is not a multiple "
-                        f"of the block size {blck_size(t)}")
+        raise GGMLError(f"llama: tensor '{rt.name}' ({type_name(t)}): ne[0] = {ne[0]} "
+                        f"is not a multiple of the block size {blck_size(t)}")
     n = row_size(t, ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
     if int(rt.n_bytes) != n:
-        raise GGMLError(f"llama: tensor '{rt.name}' holds {int(rt.n_bytes)} bytes, {type_name(t)} {list(ne)} "
-                        f"needs {n}")
+        raise GGMLError(f"llama: tensor '{rt.name}' holds {int(rt.n_bytes)} bytes, "
+                        f"{type_name(t)} {list(ne)} needs {n}")
     return t
 
 # %% book/93_llama_product.ipynb #llama-hparams
