@@ -16,7 +16,8 @@ from ggml_lite.backend import (BackendBufferUsage, backend_alloc_ctx_tensors_fro
                                backend_buffer_free, backend_buffer_get_size, backend_buffer_set_usage,
                                backend_get_default_buffer_type, backend_name, backend_tensor_get,
                                backend_tensor_set)
-from ggml_lite.backends.cpu.backend import backend_cpu_init, backend_cpu_set_llamafile, backend_cpu_set_n_threads, backend_is_cpu
+from ggml_lite.backends.cpu.backend import (backend_cpu_init, backend_cpu_set_llamafile,
+                                            backend_cpu_set_n_threads, backend_is_cpu)
 from ggml_lite.context import free
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.graph import build_forward_expand, graph_overhead_custom, new_graph_custom
@@ -52,8 +53,9 @@ def _placement(n_layer, backends, layers_on):
         layers_on = [0] * n_layer
     layers_on = list(layers_on)
     if len(layers_on) != n_layer or any(not 0 <= int(i) < len(backends) for i in layers_on):
-        raise GGMLError(f"llama: layers_on must give one backend index in [0, {len(backends)}) for each of the "
-                        f"{n_layer} layers, got {layers_on}")
+        raise GGMLError(f"llama: layers_on must give one backend index in "
+                        f"[0, {len(backends)}) for each of the {n_layer} layers, "
+                        f"got {layers_on}")
     return [backends[int(i)] for i in layers_on]
 
 
@@ -404,8 +406,10 @@ class LlamaModel:
 
     def _vocab(self):
         if self.vocab is None:
-            raise GGMLError(f"llama: the tokenizer of this file is '{self.tokenizer_model}'; only SPM ('llama') and "
-                            f"BPE ('gpt2', 'gemma4') are implemented here: pass token ids to eval and generate")
+            raise GGMLError(f"llama: the tokenizer of this file is "
+                            f"'{self.tokenizer_model}'; only SPM ('llama') and BPE "
+                            f"('gpt2', 'gemma4') are implemented here: "
+                            f"pass token ids to eval and generate")
         return self.vocab
 
     def eval(self, tokens, n_past=0, logits_all=True):
@@ -430,7 +434,8 @@ class LlamaModel:
         """Up to n_predict tokens after the prompt tokens (n_predict < 0: until end of
         text or a full context; greedy when temperature <= 0); on_token(t) is called as
         each one is chosen. Returns the new tokens."""
-        return _generate(self, list(tokens), n_predict, temperature, top_k, top_p, seed, on_token, stop_at_eos)
+        return _generate(self, list(tokens), n_predict, temperature, top_k, top_p, seed,
+                         on_token, stop_at_eos)
 
     def free(self):
         for _, buf in self._owned:
@@ -464,11 +469,14 @@ def _check_batch(m, tokens, n_past):
         raise GGMLError("llama: eval needs at least one token")
     bad = [t for t in tokens if not 0 <= t < m.hparams.n_vocab]
     if bad:
-        raise GGMLError(f"llama: token id {bad[0]} is outside the vocabulary of {m.hparams.n_vocab} tokens")
+        raise GGMLError(f"llama: token id {bad[0]} is outside the vocabulary "
+                        f"of {m.hparams.n_vocab} tokens")
     if not 0 <= n_past <= m.kv.n_filled:
-        raise GGMLError(f"llama: n_past = {n_past}, but the KV cache holds {m.kv.n_filled} computed cells")
+        raise GGMLError(f"llama: n_past = {n_past}, "
+                        f"but the KV cache holds {m.kv.n_filled} computed cells")
     if n_past + len(tokens) > m.n_ctx:
-        raise GGMLError(f"llama: {n_past} cached + {len(tokens)} new tokens exceed the context of {m.n_ctx}")
+        raise GGMLError(f"llama: {n_past} cached + {len(tokens)} new tokens "
+                        f"exceed the context of {m.n_ctx}")
 
 
 def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token, stop_at_eos):
@@ -506,7 +514,8 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     reader = llama_open(path)
     hp = llama_read_hparams(reader)
     tokenizer = llama_key(reader, "tokenizer.ggml.model", LLAMA_STR)
-    vocab = llama_read_vocab(reader, hp.n_vocab) if tokenizer in ("llama", "gpt2", "gemma4") else None    # others: ids only
+    vocab = (llama_read_vocab(reader, hp.n_vocab)
+             if tokenizer in ("llama", "gpt2", "gemma4") else None)   # others: ids only
     n_ctx, n_batch = llama_positive("n_ctx", n_ctx), llama_positive("n_batch", n_batch)
     n_batch = min(n_batch, n_ctx)
     if Type(type_k) not in (Type.F32, Type.F16) or Type(type_v) not in (Type.F32, Type.F16):
@@ -526,7 +535,8 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     for _, buf in owned:
         backend_buffer_set_usage(buf, BackendBufferUsage.WEIGHTS)
     for name in _progress(named, "llama: loading", progress):
-        backend_tensor_set(weights[name], np.ascontiguousarray(records[name].data).reshape(-1).view(np.uint8))
+        backend_tensor_set(weights[name], np.ascontiguousarray(records[name].data)
+                           .reshape(-1).view(np.uint8))
     kv = _KVCache(hp, n_ctx, Type(type_k), Type(type_v), layers)
     runner = _Sched(backends, _max_nodes(len(weights)))
     m = LlamaModel(hp, vocab, weights, layers, backends, kv, runner, n_batch, owned + kv.owned)
