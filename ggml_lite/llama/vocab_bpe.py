@@ -57,8 +57,7 @@ def utf8_text(raw):
         pass
     out, i = [], 0
     while i < len(raw):
-        b, k = raw[i], 1
-        # k: the sequence's length from the lead byte, 0 if none
+        b, k = raw[i], 1   # k: the sequence's length from the lead byte, 0 if none
         if b >= 0x80:
             k = (0 if not b & 0x40 else 2 if not b & 0x20 else 3 if not b & 0x10
                  else 4 if not b & 0x08 else 0)
