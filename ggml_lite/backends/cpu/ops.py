@@ -107,6 +107,7 @@ def forward_norm(src0, dst, eps, ith=0, nth=1):
 # %% book/05_cpu_kernels.ipynb #kern-vexpf
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 
@@ -117,9 +118,8 @@ def _fmaf(typingctx, a, b, c):
         return None
 
     def codegen(context, builder, sig, args):
-        f = ir.Function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3),
-                        "llvm.fma.f32") if "llvm.fma.f32" not in builder.module.globals \
-            else builder.module.globals["llvm.fma.f32"]
+        fty = ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3)
+        f = cgutils.get_or_insert_function(builder.module, fty, "llvm.fma.f32")
         return builder.call(f, list(args))
     return types.float32(a, b, c), codegen
 

@@ -196,7 +196,8 @@ def mul_mat_sgemm(node, a, b, d, wdata, nth):
     if plan is None and t != Type.F32 and tb == Type.F32 and wdata is not None:
         plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, vdt), True
         if q8:
-            b = wdata[:ne13 * ne12 * ne11 * k * 34].reshape(ne13, ne12, ne11, k * 34)
+            rs = k * S.Q8_0_BYTES
+            b = wdata[:ne13 * ne12 * ne11 * rs].reshape(ne13, ne12, ne11, rs)
         else:
             b = wdata[:2 * b.size].view(np.uint16).reshape(b.shape)
     if plan is None:
