@@ -798,12 +798,29 @@ def test_q4_0_q8_0_hand_built_blocks():
     assert V.vec_dot_q4_0_q8_0(64, x2, y2) == 86.0 + 32 * 8 * 128
 
 
-def test_q8_0_q8_0_and_q4_K_extremes_do_not_overflow():
-    n = 256
-    x = np.zeros(34 * 8, np.uint8).reshape(8, 34)
-    x[:, :2] = np.array([F16(1.0)]).view(np.uint8)
-    x[:, 2:] = 0x80                                     # -128
-    assert V.vec_dot_q8_0_q8_0(n, x.ravel(), x.ravel()) == 256 * 128 * 128
+def _sign_trick_dot(x, y):
+    """The integers of ggml's mul_sum_i8_pairs_float on x86 (AVX2 and AVX512-VNNI alike):
+    |x| times y with x's sign, negated in int8 (so -(-128) wraps to -128)."""
+    x, y = x.astype(np.int64), y.astype(np.int64)
+    sy = (np.sign(x) * y + 128) % 256 - 128
+    return int((np.abs(x) * sy).sum())
+
+
+def test_q8_0_q8_0_as_ggml_x86_including_the_minus_128_corner():
+    rng = np.random.default_rng(8)
+    for codes in (np.full((2, 256), -128), rng.integers(-128, 128, (2, 256))):
+        x, y = (np.zeros(34 * 8, np.uint8).reshape(8, 34) for _ in range(2))
+        for b, c in ((x, codes[0]), (y, codes[1])):
+            b[:, :2] = np.array([F16(1.0)]).view(np.uint8)
+            b[:, 2:] = c.reshape(8, 32).astype(np.int8).view(np.uint8)
+        exact = int((codes[0] * codes[1]).sum())
+        want = _sign_trick_dot(codes[0], codes[1]) if S.AVX2 else exact
+        assert V.vec_dot_q8_0_q8_0(256, x.ravel(), y.ravel()) == want
+    # -128 times -128: ggml's AVX2 gives -128*128 per product, its scalar code +128*128
+    assert _sign_trick_dot(np.full(4, -128), np.full(4, -128)) == -4 * 128 * 128
+
+
+def test_q4_K_extremes_do_not_overflow():
     xk = np.zeros(144, np.uint8)
     xk[:2] = np.array([F16(1.0)]).view(np.uint8)
     xk[4:16] = [255, 255, 255, 255, 0, 0, 0, 0, 15, 15, 15, 15]      # every 6-bit scale 63, every min 0

@@ -195,9 +195,10 @@ class _Prepared:
         """Still valid for this graph and plan? (checked without allocating). The same
         plan object for a graph of the same nonzero uid (the scheduler's, which it
         changes whenever it splits and allocates again) is taken on trust: no Python
-        walk over the nodes."""
+        walk over the nodes, only the plan's fields compared (a trace or min_work set
+        on the plan since)."""
         if cgraph.uid != 0 and cgraph.uid == self.uid and cplan is self.cplan():
-            return True
+            return self.same_plan(cplan)
         return self.same_plan(cplan) and self.unchanged(cgraph)
 
     def same_plan(self, cplan):

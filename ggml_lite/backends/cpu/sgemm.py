@@ -11,7 +11,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.simd import AVX2, AVX512_VNNI, Vec, x86_intrinsic, vfloat, vload, vsum, vzero
+from ggml_lite.backends.cpu.simd import Vec, mul_sum_i8_pairs, vfloat, vload, vsum, vzero
 from ggml_lite.types import Type
 
 KN = 8                   # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
@@ -223,43 +223,11 @@ def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
 Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
 
 
-@intrinsic
-def _updot(typingctx, a, b):
-    """The 32 int8 of a times those of b (each given as 32 raw bytes), summed in fours: int32 x 8.
-    On x86 as ggml's mul_sum_i8_pairs_float: |a| (vpsignb a, a) times b carrying a's signs
-    (vpsignb b, a), then vpmaddubsw and vpmaddwd (vpdpbusd with AVX512-VNNI); the plain products
-    elsewhere. Q8_0's codes lie in -127..127, where every one of these is exact."""
-    if not (isinstance(a, Vec) and a == b and a.count == 32 and a.dtype == types.uint8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        i8, i16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16)
-        i32 = ir.VectorType(ir.IntType(32), 8)
-        x, y = args
-        if AVX2:
-            ax = x86_intrinsic(builder, "llvm.x86.avx2.psign.b", i8, [x, x])
-            sy = x86_intrinsic(builder, "llvm.x86.avx2.psign.b", i8, [y, x])
-            if AVX512_VNNI:
-                return x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.256", i32,
-                            [ir.Constant(i32, None), builder.bitcast(ax, i32), builder.bitcast(sy, i32)])
-            pairs = x86_intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", i16, [ax, sy])
-            return x86_intrinsic(builder, "llvm.x86.avx2.pmadd.wd", i32, [ir.Constant(i16, [1] * 16), pairs])
-        wide = ir.VectorType(ir.IntType(32), 32)
-        prod = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
-        out = ir.Constant(i32, None)
-        for q in range(8):
-            lane = [builder.extract_element(prod, ir.IntType(32)(4 * q + j)) for j in range(4)]
-            s4 = builder.add(builder.add(lane[0], lane[1]), builder.add(lane[2], lane[3]))
-            out = builder.insert_element(out, s4, ir.IntType(32)(q))
-        return out
-    return Vec(types.int32, 8)(a, b), codegen
-
-
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _q0_dot(A, ao, B, bo, c):
     """One block of one output: c + (the 32 int8 products summed in fours) * dA * dB, as
     ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX both add it (one fused multiply-add per lane)."""
-    return c + vfloat(_updot(vload(A, ao + 2, 32), vload(B, bo + 2, 32))) * (V._h(A, ao) * V._h(B, bo))
+    return c + vfloat(mul_sum_i8_pairs(vload(A, ao + 2, 32), vload(B, bo + 2, 32))) * (V._h(A, ao) * V._h(B, bo))
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-tile
 @njit(cache=True, nogil=True, error_model="numpy")

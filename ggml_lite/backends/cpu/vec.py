@@ -14,9 +14,9 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
 from ggml_lite.backends.cpu.quants import quantize_row as _quantize_row
-from ggml_lite.backends.cpu.simd import (vas, vcat, vdot, vdot4, vfloat, vget, vi8,
-                                         vi16, vload, vload_f16,
-                                        vload_i16, vmaddubs, vpack, vpairs, vpick2,
+from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vas, vcat, vdot, vdot4,
+                                         vfloat, vget, vi8, vi16, vload, vload_f16,
+                                         vload_i16, vmaddubs, vpack, vpairs, vpick2,
                                          vsplat2, vsum, vu8, vzero)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
@@ -126,15 +126,13 @@ def vec_dot_q4_1_q8_1(n, x, y):
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q8_0_q8_0(n, x, y):
-    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in fours, times
-    dx*dy."""
+    """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in fours with
+    ggml's sign trick (mul_sum_i8_pairs), times dx*dy."""
     acc = vzero(np.float32, 8)
     for ib in range(n // 32):
         o = ib * 34
-        acc += vfloat(vdot4(vi8(vload(x, o + 2, 32)), vi8(vload(y, o + 2,
-                                                                32)))) * (_h(x,
-                                                                             o) * _h(y,
-                                                                                     o))
+        sumi = mul_sum_i8_pairs(vload(x, o + 2, 32), vload(y, o + 2, 32))
+        acc += vfloat(sumi) * (_h(x, o) * _h(y, o))
     return vsum(acc)
 
 # %% book/05_cpu_kernels.ipynb #kern-qdots-k4
