@@ -537,3 +537,22 @@ def test_graph_compute_with_ctx_never_uses_a_stale_plan(monkeypatch):
     assert len(calls) == 3 and np.array_equal(s.numpy(), x.numpy() + c.numpy())
     ggml.graph_compute_with_ctx(ctx, gf, 2)
     assert len(calls) == 3                             # and unchanged again: no new plan
+
+
+def test_a_plan_trusted_by_graph_uid_still_sees_its_changed_fields():
+    """A graph the scheduler numbered (uid != 0) computed again with the same plan is not walked
+    again, but a trace or min_work_per_node set on the plan since is honoured."""
+    ctx = ggml.init(1 << 20)
+    gf, x, a, b, f = seed_graph(ctx)
+    for t, v in ((x, 2.0), (a, 1.0), (b, 1.0)):
+        ggml.set_f32(t, v)
+    gf.uid = 424242                                          # as the scheduler numbers its splits
+    plan = ggml.graph_plan(gf, 3)
+    ggml.graph_compute(gf, plan)                             # compiled, untraced
+    plan.trace = []
+    ggml.graph_compute(gf, plan)
+    assert {ith for ith, *_ in plan.trace} == {0} and len(plan.trace) == 3
+    plan.min_work_per_node, plan.trace = 0, []
+    ggml.graph_compute(gf, plan)
+    assert sorted((i, ith) for ith, i, *_ in plan.trace) == [(i, t) for i in range(3) for t in range(3)]
+    assert ggml.get_f32_1d(f, 0) == 5.0
