@@ -1194,8 +1194,43 @@ def test_v_expf_and_soft_max_are_ggmls_avx2_bits():
         return y
     got = expf_all(ref["expf_x"])
     assert np.array_equal(got.view(np.uint32), ref["expf_y"].view(np.uint32))
+
+    @njit
+    def expf8_all(x):
+        y = np.empty_like(x)
+        for i in range(0, x.size, 8):
+            K.vput8(y, i, K.v_expf8(K.vrow8(x, i)))
+        return y
+    got8 = expf8_all(ref["expf_x"])                         # NaN in, NaN out: compare the bits elsewhere
+    nan = np.isnan(ref["expf_y"])
+    assert np.array_equal(np.isnan(got8), nan)
+    assert np.array_equal(got8[~nan].view(np.uint32), ref["expf_y"][~nan].view(np.uint32))
     for n in (256, 40, 13):
         x, mask, y = ref[f"sm{n}_x"], ref[f"sm{n}_mask"], ref[f"sm{n}_y"]
         out = np.empty((1, 1, *x.shape), np.float32)
         K.forward_soft_max(x[None, None], mask[None, None], out, float(ref[f"sm{n}_scale"]), 0.0)
         assert np.array_equal(out[0, 0].view(np.uint32), y.view(np.uint32)), n
+
+
+def test_silu_and_swiglu_are_ggmls_avx2_bits():
+    """ggml_vec_swiglu_f32's AVX2 path (ggml_v_silu eight at a time, the last n % 8 with
+    ggml_silu_f32), compiled from ggml 0.15.3's code by tests/ggml_ref/vexpf_ref.py: the same bits
+    through the split and the fused glu, and silu's eights (the same ggml_v_silu) through forward_silu."""
+    ref = np.load(Path(__file__).parent / "data/vexpf_ref.npz")
+    x, g, want = ref["swiglu_x"], ref["swiglu_g"], ref["swiglu_y"]
+    nan = np.isnan(want)
+
+    def same(got):
+        return np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(np.uint32),
+                                                                    want[~nan].view(np.uint32))
+    n = x.size
+    out = np.empty((1, 1, 1, n), np.float32)
+    forward_swiglu(x.reshape(1, 1, 1, n), g.reshape(1, 1, 1, n), out)
+    assert same(out.ravel())
+    fused = np.concatenate([x, g]).reshape(1, 1, 1, 2 * n)
+    forward_swiglu(fused, None, out)
+    assert same(out.ravel())
+    silu = np.empty((1, 1, 1, n), np.float32)
+    forward_silu(x.reshape(1, 1, 1, n), silu)
+    with np.errstate(all="ignore"):
+        assert same(np.where(np.isnan(x), np.nan, silu.ravel() * g))

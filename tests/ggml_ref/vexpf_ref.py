@@ -5,7 +5,8 @@ the __m256 version, copied verbatim below) on 4096 inputs (uniform over the floa
 exp is finite or underflows, the edges of its slow paths at |n| = 126 and 192, +-inf, NaN), and
 ggml_vec_soft_max_f32's AVX2 path (src/ggml-cpu/vec.cpp) with ggml_compute_forward_soft_max_f32's
 steps around it (copy, scale, add the mask, max, the sum, scale by 1/sum) on masked rows of 256,
-40 and 13 values. Needs gcc with -mavx2 -mfma (the build ggml_lite follows). Regenerate:
+40 and 13 values; ggml_vec_swiglu_f32's AVX2 path (ggml_v_silu of vec.h eight at a time, the
+last n % 8 with ggml_silu_f32) on rows of 2053 gates and values. Needs gcc with -mavx2 -mfma (the build ggml_lite follows). Regenerate:
 
     PYTHONPATH=. .venv/bin/python tests/ggml_ref/vexpf_ref.py
 """
@@ -85,6 +86,26 @@ static ggml_float ggml_vec_soft_max_f32(const int n, float * y, const float * x,
     }
     return sum;
 }
+inline static __m256 ggml_v_silu(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 neg_x = _mm256_sub_ps(zero, x);
+    const __m256 exp_neg_x = ggml_v_expf(neg_x);
+    const __m256 one_plus_exp_neg_x = _mm256_add_ps(one, exp_neg_x);
+    return _mm256_div_ps(x, one_plus_exp_neg_x);
+}
+inline static float ggml_silu_f32(float x) {
+    return x/(1.0f + expf(-x));
+}
+static void ggml_vec_swiglu_f32(const int n, float * y, const float * x, const float * g) {
+    int i = 0;
+    for (; i + 7 < n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(ggml_v_silu(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
+    }
+    for (; i < n; ++i) {
+        y[i] = ggml_silu_f32(x[i]) * g[i];
+    }
+}
 int main(int argc, char ** argv) {
     const char * mode = argv[1];
     FILE * in = fopen(argv[2], "rb"), * out = fopen(argv[3], "wb");
@@ -94,6 +115,13 @@ int main(int argc, char ** argv) {
             _mm256_storeu_ps(y, ggml_v_expf(_mm256_loadu_ps(x)));
             fwrite(y, 4, 8, out);
         }
+    } else if (mode[0] == 'g') {                /* swiglu: n, then the gates and the values */
+        int n = atoi(argv[4]);
+        float * x = malloc(4 * n), * g = malloc(4 * n), * y = malloc(4 * n);
+        fread(x, 4, n, in);
+        fread(g, 4, n, in);
+        ggml_vec_swiglu_f32(n, y, x, g);
+        fwrite(y, 4, n, out);
     } else {                                    /* soft_max rows: n, scale, then x and mask rows */
         int n = atoi(argv[4]), rows = atoi(argv[5]);
         float scale = (float)atof(argv[6]);
@@ -153,6 +181,15 @@ def main():
             out[f"sm{n}_x"], out[f"sm{n}_mask"] = xr, mr
             out[f"sm{n}_scale"] = np.float32(scale)
             out[f"sm{n}_y"] = np.fromfile(tmp / "d.bin", np.float32).reshape(rows, n)
+        # swiglu: gates over silu's range and its edges (exp(-x) overflowing, +-inf, NaN)
+        gx = np.concatenate([rng.standard_normal(1800) * 6, rng.uniform(-100, 100, 240),
+                             np.array([0.0, -0.0, 88.7, -88.8, -90.0, 200.0, -200.0, np.inf, -np.inf, np.nan,
+                                       1e-30, -1e-30, 3.0])]).astype(np.float32)
+        gv = rng.standard_normal(gx.size).astype(np.float32)
+        np.concatenate([gx, gv]).tofile(tmp / "g.bin")
+        subprocess.run([str(tmp / "v"), "g", str(tmp / "g.bin"), str(tmp / "gy.bin"), str(gx.size)], check=True)
+        out["swiglu_x"], out["swiglu_g"] = gx, gv
+        out["swiglu_y"] = np.fromfile(tmp / "gy.bin", np.float32)
     path = ROOT / "tests/data/vexpf_ref.npz"
     np.savez_compressed(path, **out)
     print(f"wrote {path} ({path.stat().st_size} bytes)")

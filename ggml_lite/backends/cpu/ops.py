@@ -161,6 +161,114 @@ def v_expf(x):
         return s1 * s1
     return _fmaf(s2, j, s2) * s1
 
+# %% book/05_cpu_kernels.ipynb #kern-vexpf8
+from ggml_lite.backends.cpu.simd import Vec, vget, vpack
+
+
+def _expf_ir(builder, x):
+    """ggml_v_expf (AVX2) on an LLVM <8 x float>, as v_expf above lane by lane: the
+    slow paths computed for every lane and chosen by selects, which gives the bits of
+    ggml's branch (the fast path's answer is the blend's where |n| <= 126)."""
+    f8, i8 = x.type, ir.VectorType(ir.IntType(32), 8)
+
+    def c(v):
+        return ir.Constant(f8, [float(v)] * 8)
+
+    def fma(a, b, z):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(f8, [f8] * 3), "llvm.fma.v8f32")
+        return builder.call(fn, [a, b, z])
+
+    def bits(v, ty):
+        return builder.bitcast(v, ty)
+    z = fma(x, c(_E_LOG2E), c(_E_R))
+    n = builder.fsub(z, c(_E_R))
+    neg_n = builder.fneg(n)
+    b = fma(neg_n, c(_E_LN2_LO), fma(neg_n, c(_E_LN2_HI), x))
+    e = builder.shl(bits(z, i8), ir.Constant(i8, [23] * 8))
+    k = bits(builder.add(e, ir.Constant(i8, [0x3F800000] * 8)), f8)
+    u = builder.fmul(b, b)
+    j = fma(fma(fma(c(_E_P[4]), b, c(_E_P[3])), u, fma(c(_E_P[2]), b, c(_E_P[1]))), u,
+            builder.fmul(c(_E_P[0]), b))
+    absn = bits(builder.and_(bits(n, i8), ir.Constant(i8, [0x7FFFFFFF] * 8)), f8)
+    slow = builder.fcmp_ordered(">", absn, c(126.0))
+    huge = builder.fcmp_ordered(">", absn, c(192.0))
+    g = builder.select(builder.fcmp_ordered("<=", n, c(0.0)),
+                       ir.Constant(i8, [0x82000000 - (1 << 32)] * 8), ir.Constant(i8, None))
+    s1 = bits(builder.add(g, ir.Constant(i8, [0x7F000000] * 8)), f8)
+    s2 = bits(builder.sub(e, g), f8)
+    scaled = builder.fmul(fma(s2, j, s2), s1)
+    return builder.select(huge, builder.fmul(s1, s1),
+                          builder.select(slow, scaled, fma(k, j, k)))
+
+
+def _f32x8_intrinsic(body):
+    """A numba intrinsic Vec(float32 x 8) -> Vec(float32 x 8) whose IR body(builder, x)
+    emits."""
+    @intrinsic
+    def fn(typingctx, x):
+        if not (isinstance(x, Vec) and x.dtype == types.float32 and x.count == 8):
+            return None
+        return x(x), lambda context, builder, sig, args: body(builder, args[0])
+    return fn
+
+
+def _silu_ir(builder, x):
+    """ggml_v_silu (AVX2): x / (1 + v_expf(0 - x))."""
+    one = ir.Constant(x.type, [1.0] * 8)
+    return builder.fdiv(x, builder.fadd(one, _expf_ir(builder,
+                                                        builder.fsub(ir.Constant(x.type, None), x))))
+
+
+# v_expf8(v), v_silu8(v): eight lanes at once, ggml_v_expf's and ggml_v_silu's bits
+v_expf8, v_silu8 = _f32x8_intrinsic(_expf_ir), _f32x8_intrinsic(_silu_ir)
+
+
+@intrinsic
+def _vptr8(typingctx, x, i, v):
+    """With v None: x[i:i+8] loaded as Vec(float32 x 8); else v stored there. One
+    unaligned vector move: the caller checks that the row is contiguous."""
+    if not (isinstance(x, types.Array) and x.dtype == types.float32):
+        return None
+    vt = Vec(types.float32, 8)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+        ptr = builder.bitcast(ptr, context.get_value_type(vt).as_pointer())
+        if sig.args[2] == types.none:
+            return builder.load(ptr, align=4)
+        builder.store(args[2], ptr, align=4)
+        return args[2]
+    return vt(x, i, v), codegen
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def vrow8(x, i):
+    """x[i], ..., x[i+7] of a float32 row as Vec(float32 x 8)."""
+    if x.strides[0] == 4:
+        return _vptr8(x, i, None)
+    return vpack((x[i], x[i + 1], x[i + 2], x[i + 3], x[i + 4], x[i + 5], x[i + 6],
+                  x[i + 7]))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def vput8(y, i, v):
+    """Store the eight lanes of v at y[i], ..., y[i+7]."""
+    if y.strides[0] == 4:
+        _vptr8(y, i, v)
+        return
+    y[i], y[i + 1], y[i + 2], y[i + 3] = vget(v, 0), vget(v, 1), vget(v, 2), vget(v, 3)
+    y[i + 4], y[i + 5], y[i + 6], y[i + 7] = vget(v, 4), vget(v, 5), vget(v, 6), vget(v, 7)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def vhsum8(v):
+    """The eight lanes summed in float32 as ggml's AVX2 soft_max adds them: the upper
+    half onto the lower, then the pairs (lanes 0+4, 2+6 first), then the two."""
+    return ((vget(v, 0) + vget(v, 4)) + (vget(v, 2) + vget(v, 6))) + \
+        ((vget(v, 1) + vget(v, 5)) + (vget(v, 3) + vget(v, 7)))
+
 # %% book/05_cpu_kernels.ipynb #kern-softmax
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
@@ -180,25 +288,22 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                     slope = m1 ** np.float32(2 * (i2 - n_head_log2) + 1)
             for i1 in range(ith, ne1, nth):                  # strided rows
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
+                mrow = m[i3 % ne13, i2 % ne12, i1 if has_mask else 0]   # no mask: never read
                 mx = np.float32(-np.inf)
                 # w = x*scale + slope*mask, kept in y
                 for i in range(ne0):
                     w = x[i] * scale
                     if has_mask:
-                        w += slope * ld(m[i3 % ne13, i2 % ne12, i1, i], tm)
+                        w += slope * ld(mrow[i], tm)
                     y[i] = w
                     mx = max(mx, w)
                 # ggml_vec_soft_max_f32 (AVX2): eight at a time, their float sum (hsum) added
                 # in double; the last ne0 % 8 with expf, one by one
                 s, i = 0.0, 0
                 while i + 8 <= ne0:
-                    v0, v1 = v_expf(y[i] - mx), v_expf(y[i + 1] - mx)
-                    v2, v3 = v_expf(y[i + 2] - mx), v_expf(y[i + 3] - mx)
-                    v4, v5 = v_expf(y[i + 4] - mx), v_expf(y[i + 5] - mx)
-                    v6, v7 = v_expf(y[i + 6] - mx), v_expf(y[i + 7] - mx)
-                    y[i], y[i + 1], y[i + 2], y[i + 3] = v0, v1, v2, v3
-                    y[i + 4], y[i + 5], y[i + 6], y[i + 7] = v4, v5, v6, v7
-                    s += np.float64(((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)))
+                    v = v_expf8(vrow8(y, i) - mx)
+                    vput8(y, i, v)
+                    s += np.float64(vhsum8(v))
                     i += 8
                 for i in range(i, ne0):
                     e = np.exp(y[i] - mx)
