@@ -258,7 +258,7 @@ def pool_stamp_gone(stamp):
         return None
     return "its context " + ctx._ends[generation]
 
-
+# %% book/02_tensor.ipynb #4c67f3aec2
 def _describe(t):
     return f"'{t.name}'" if t.name else f"(unnamed, {type_name(t.type)} ne={t.ne})"
 
@@ -284,7 +284,7 @@ def tensor_check_alive(t, where):
     # hot: every entry point
     require(why is None, where, lambda: f"tensor {_describe(t)} is gone: {why}")
 
-
+# %% book/02_tensor.ipynb #08bb957cce
 def first_gone(tensors):
     """The first of `tensors` (None entries skipped) that tensor_is_alive would call
     gone, or None: the same test without building a reason, for checks over a whole

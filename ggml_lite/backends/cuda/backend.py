@@ -11,8 +11,8 @@ import numpy as np
 
 from ggml_lite.backend_buffer import HostBuffer
 from ggml_lite.backend import (Backend, BackendDevCaps, BackendDevice,
-                               BackendDevProps, BackendDevType, BackendEvent, BackendReg,
-                               guid_matches)
+                               BackendDevProps, BackendDevType, BackendEvent,
+                               BackendReg, guid_matches)
 from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES,
                                              DEQUANTIZE_TYPES, GET_ROWS_TYPES,
                                              MMVQ_MAX_BATCH_SIZE,
