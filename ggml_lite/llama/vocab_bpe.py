@@ -153,7 +153,7 @@ def _collapse_regex(expr):
         i += 1
     return "".join(out)
 
-
+# %% book/93_llama_product.ipynb #8688e5a68fd6
 _REGEX_CACHE = {}
 
 
@@ -170,7 +170,7 @@ def _compiled(expr):
         _REGEX_CACHE[expr] = re.compile(_collapse_regex(expr), re.ASCII), collapsed
     return _REGEX_CACHE[expr]
 
-
+# %% book/93_llama_product.ipynb #aa135ff770b3
 def pre_split(text, exprs):
     """unicode_regex_split: cut text (str) into words, each regex in turn cutting the
     pieces the previous ones made; what no match covers is a piece of its own. Matching
@@ -230,7 +230,7 @@ _PRE_REGEXES = {
     "gemma4": ("[^\\n]+|[\\n]+",),
 }
 
-
+# %% book/93_llama_product.ipynb #eddd15b5d58d
 @dataclass(frozen=True)
 class BPEPre:
     """A pre-tokenizer as llama_vocab::load sets it up from tokenizer.ggml.pre."""
@@ -244,7 +244,7 @@ class BPEPre:
     byte_level: bool = True
     escape_whitespaces: bool = False   # ' ' -> U+2581 first (SentencePiece-style BPE)
 
-
+# %% book/93_llama_product.ipynb #3701f4186a67
 # tokenizer.ggml.pre -> (regexes, options): the names llama.cpp's tests cover, and the
 # names llama.cpp
 # gives the same regexes and options
@@ -267,7 +267,7 @@ for _names, _rx, _opt in (
     for _n in _names.split():
         _PRE[_n] = (_rx, _opt)
 
-
+# %% book/93_llama_product.ipynb #5fadf7f13b38
 def bpe_pre(name):
     """The pre-tokenizer of a tokenizer.ggml.pre name; GGMLError for one not implemented
     here."""
@@ -310,7 +310,7 @@ def bpe_merge(word, ranks):
         add_bigram(left, nxt[left])
     return [text(i) for i in range(n) if size[i]]
 
-
+# %% book/93_llama_product.ipynb #00204841ebe7
 def clean_spaces(text):
     """llama_vocab::detokenize's clean_up_tokenization_spaces: ' ?' ' !' ' .' ' ,' lose
     their space, so does a lone apostrophe (both spaces), and " 's" " 'm" " 're" " 've"
