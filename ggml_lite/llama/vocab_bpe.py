@@ -27,7 +27,7 @@ def _byte_to_char():
 BYTE_TO_CHAR = _byte_to_char()
 CHAR_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
 
-
+# %% book/93_llama_product.ipynb #a20f2b6747c1
 def byte_encode(word):
     """unicode_byte_encoding_process: each byte of the word's UTF-8 as its printable
     character."""
@@ -47,7 +47,7 @@ def byte_decode(text):
             out.append(b)
     return bytes(out)
 
-
+# %% book/93_llama_product.ipynb #ad00d1f38ad5
 def utf8_text(raw):
     """unicode_cpts_from_utf8: bytes -> str; a byte that starts no valid sequence
     becomes U+FFFD, alone."""
@@ -91,6 +91,7 @@ _NEWER = ("CF3M ECEM 2FFC-2FFFS 31EFS 10EFD-10EFFM 1123F-11240L 11241M 11B00-11B
 _NEWER_RANGES = [(int(a, 16), int(b or a, 16), k) for a, b, k
                  in re.findall(r"([0-9A-F]+)(?:-([0-9A-F]+))?([A-Z])", _NEWER)]
 
+# %% book/93_llama_product.ipynb #10f6cbfbdbec
 # the collapsed text: one character per code point, its category's stand-in (k_ucat_cpt)
 _CAT_CHAR = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
 # what each \p{...} becomes in a collapsed regex: the stand-in plus the category's ASCII
@@ -101,7 +102,7 @@ _CAT_CLASS = {"N": "\xd10-9", "L": "\xd2A-Za-z",
 # k_ucat_enum: \p{Lu} and co. mean any letter
 _UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")
 
-
+# %% book/93_llama_product.ipynb #2f624e15faaf
 def category(cp):
     """The general category's first letter, as llama.cpp's unicode-data.cpp has it ('C'
     for unassigned)."""
