@@ -39,7 +39,7 @@ def hash_size(min_sz):
             return p
     return min_sz | 1
 
-
+# %% book/04_graph.ipynb #be03a532f2c1
 def _graph_parts(size, grads):
     """The arrays of a GRAPH object in order: (name, element size, count)."""
     hs = hash_size(2 * size)
@@ -58,7 +58,7 @@ def _graph_nbytes(size, grads):
         p = PAD(p, elem) + elem * count
     return p
 
-
+# %% book/04_graph.ipynb #96c8d2c276f1
 def graph_overhead_custom(size, grads=False):
     """ggml_graph_overhead_custom: pool bytes of a graph of `size` nodes (object header
     included)."""
@@ -81,7 +81,7 @@ class EvalOrder(IntEnum):
     RIGHT_TO_LEFT = 1
     COUNT = 2
 
-
+# %% book/04_graph.ipynb #52a925568c9b
 class CGraph:
     """struct ggml_cgraph: the ops of a computation in execution order, plus its leafs.
 
@@ -161,7 +161,7 @@ def _count_new(graph, root, where):
         stack.extend(s for s in t.src if s is not None)
     return nodes, leafs
 
-
+# %% book/04_graph.ipynb #0410d3fe1587
 def _append(graph, t):
     if _is_leaf(t):
         if not t.name:
@@ -233,7 +233,7 @@ def _build_forward_impl(graph, tensor, compute, where):
             f"the walk from '{tensor.name}' did not end on it",
             assertion="cgraph->nodes[cgraph->n_nodes - 1] == tensor")
 
-
+# %% book/04_graph.ipynb #8123f44139ac
 def build_forward_expand(cgraph, tensor):
     """ggml_build_forward_expand: append tensor and everything it depends on that is not
     yet in cgraph."""
@@ -266,7 +266,7 @@ def graph_nodes(cgraph):
     list)."""
     return cgraph.nodes
 
-
+# %% book/04_graph.ipynb #6209ed2e9960
 def graph_node(cgraph, i):
     """ggml_graph_node: node i; a negative i counts from the end (-1 = the last
     node)."""
@@ -279,7 +279,7 @@ def graph_node(cgraph, i):
             assertion="i < cgraph->n_nodes")
     return cgraph.nodes[i]
 
-
+# %% book/04_graph.ipynb #a914426dd7af
 def graph_add_node(cgraph, tensor):
     """ggml_graph_add_node: append a node by hand (no walk, no COMPUTE flag, not in the
     hash set)."""
@@ -342,7 +342,7 @@ def graph_view(cgraph0, i0, i1):
     view._stamp = cgraph0._stamp
     return view
 
-
+# %% book/04_graph.ipynb #8381112887b5
 def graph_cpy(src, dst):
     """ggml_graph_cpy: copy src's nodes, leafs, hash set and use counts into the
     (larger) dst."""
@@ -449,11 +449,8 @@ def graph_dump_dot(gb, gf=None, filename=None):
             color = "green" if _graph_find(gf, node) else "lightblue"
         else:
             color = "white"
-        label = (
-            f"{node.name} ({type_name(node.type)})|"
-            if node.name
-            else f"({type_name(node.type)})|"
-        )
+        label = f"{node.name} " if node.name else ""
+        label += f"({type_name(node.type)})|"
         dims = node.ne[:2] if is_matrix(node) else node.ne[:3]
         label += f"{i} [{', '.join(str(n) for n in dims)}] | <x>{op_symbol(node.op)}"
         if grad is not None:
@@ -461,11 +458,8 @@ def graph_dump_dot(gb, gf=None, filename=None):
         out.append(f'  "{addr(node)}" [ style = filled; fillcolor = {color}; shape = '
                    f'record; label="{label}"; ]')
     for i, leaf in enumerate(gb.leafs):
-        label = (
-            f"<x>{leaf.name} ({type_name(leaf.type)})|"
-            if leaf.name
-            else f"<x>({type_name(leaf.type)})|"
-        )
+        label = f"<x>{leaf.name} " if leaf.name else "<x>"
+        label += f"({type_name(leaf.type)})|"
         label += f"CONST {i} [{leaf.ne[0]}, {leaf.ne[1]}]"
         if nelements(leaf) < 5 and leaf.data:
             # ggml prints no values either
@@ -478,9 +472,8 @@ def graph_dump_dot(gb, gf=None, filename=None):
                 continue
             gparent, gparent0 = _graph_get_parent(gb, node), _graph_get_parent(gb, src)
             out.append(f'  "{addr(gparent0 or src)}" -> "{addr(gparent or node)}" [ '
-                       f'arrowhead = '
-                       f'{"empty" if gparent else "vee"}; style = '
-                       f'{"dashed" if gparent else "solid"}; '
+                       f'arrowhead = {"empty" if gparent else "vee"}; '
+                       f'style = {"dashed" if gparent else "solid"}; '
                        f'label = "src {j}"; ]')
     for leaf in gb.leafs:
         for j, src in enumerate(leaf.src):
@@ -514,7 +507,8 @@ def graph_check_alive(cgraph, where):
         tensor_check_alive(gone, where)             # raises, saying how its memory went
     if cgraph.uid != 0:
         pools = {ctx for t in _graph_tensors(cgraph) if t is not None
-                 for ctx in (t._ctx, t.view_src._ctx if t.view_src is not None else None)
+                 for ctx in (t._ctx,
+                             t.view_src._ctx if t.view_src is not None else None)
                  if ctx is not None}
         cgraph._alive_pools = (cgraph.uid, tuple((c, c._generation) for c in pools))
 

@@ -38,7 +38,7 @@ def fp32_to_fp16(f) -> int:
         q += 1
     return np.uint16(sign | q)
 
-
+# %% book/01_types.ipynb #3aec24531e10
 @njit(cache=True, nogil=True, error_model="numpy")
 def fp16_to_fp32(h):
     """float32 value of IEEE binary16 bits (exact: every half is a float32)."""
@@ -135,7 +135,7 @@ def fp16_to_fp32_array(h) -> np.ndarray:
     fp16_to_fp32_row(h.reshape(-1), y.reshape(-1))
     return y
 
-
+# %% book/01_types.ipynb #a87d7b09e2e3
 def fp32_to_bf16_array(x) -> np.ndarray:
     """float32 array -> uint16 array of bf16 bits (numpy has no bfloat16 dtype)."""
     x = float32_array(x, "fp32_to_bf16_array")

@@ -34,7 +34,7 @@ def nearest_int(fval) -> int:
     val = np.float32(fval) + np.float32(12582912.0)
     return np.int64(np.float32(val).view(np.int32) & 0x007FFFFF) - 0x00400000
 
-
+# %% book/01_types.ipynb #5196dc3a4a38
 @njit(cache=True, nogil=True, error_model="numpy")
 def roundf(v):
     """C's roundf on a float32: round half away from zero."""
@@ -55,7 +55,7 @@ def _to_int8(v) -> int:
         return 0
     return ((np.int64(v) + 128) & 0xFF) - 128
 
-
+# %% book/01_types.ipynb #f6013ff6a94f
 @njit(cache=True, nogil=True, error_model="numpy")
 def _get_f16(b, off):
     return fp16_to_fp32(np.int64(b[off]) | (np.int64(b[off + 1]) << 8))
@@ -115,7 +115,7 @@ def dequantize_row_q4_0(x, y):
             y[o + j] = np.float32((v & 0x0F) - 8) * d
             y[o + 16 + j] = np.float32((v >> 4) - 8) * d
 
-
+# %% book/01_types.ipynb #b3713759155b
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q4_1_ref(x, y):
     """block_q4_1 = {fp16 d; fp16 m; u8 qs[16]}: codes 0..15 over [min, max]."""
@@ -168,7 +168,7 @@ def _dequantize_q8(x, y, qk, block_bytes, qs_offset):
         for j in range(qk):
             y[o + j] = np.float32(np.int8(x[b + qs_offset + j])) * d
 
-
+# %% book/01_types.ipynb #5b4557b87252
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_0_ref(x, y):
     """block_q8_0 = {fp16 d; i8 qs[32]}: d = max|x|/127, q = roundf(x/d)."""
@@ -185,7 +185,7 @@ def dequantize_row_q8_0(x, y):
     """q * d."""
     _dequantize_q8(x, y, QK8_0, 34, 2)
 
-
+# %% book/01_types.ipynb #cb687e9e291c
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_1_ref(x, y):
     """block_q8_1 = {fp16 d; fp16 s; i8 qs[32]}: as q8_0, plus s = d * sum(q) for the
@@ -235,7 +235,7 @@ def quantize_row_q8_K_ref(x, y):
             y[b + 261 + 2 * g] = (s >> 8) & 0xFF
         _put_f32(y, b, _F1 / iscale)
 
-
+# %% book/01_types.ipynb #3e40936eb994
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q8_K(x, y):
     """q * d, with d a float32."""
@@ -377,7 +377,7 @@ def quantize_row_q4_K_ref(x, y):
                 k = b + 16 + 32 * (j // 2) + l
                 y[k] = q if j % 2 == 0 else np.int64(y[k]) | (q << 4)
 
-
+# %% book/01_types.ipynb #1bdc8bc6381a
 @njit(cache=True, nogil=True, error_model="numpy")
 def dequantize_row_q4_K(x, y):
     """d*sc_j*q - dmin*m_j."""
@@ -444,7 +444,7 @@ def _put_q6(y, b, e, q):
     y[lo] = np.int64(y[lo]) | ((q & 0xF) << (4 * (k // 2)))
     y[hi] = np.int64(y[hi]) | ((q >> 4) << (2 * k))
 
-
+# %% book/01_types.ipynb #f84182e54ca5
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q6_K_ref(x, y):
     """block_q6_K = {u8 ql[128]; u8 qh[64]; i8 scales[16]; fp16 d}: 16 sub-blocks of 16,

@@ -32,7 +32,7 @@ class Type(enum.IntEnum):
     I64 = 27
     BF16 = 30
 
-
+# %% book/01_types.ipynb #66b20f443ecf
 # (type_name, blck_size, type_size in bytes, is_quantized), as in ggml's type_traits[]
 _LAYOUT = {
     Type.F32: ("f32", 1, 4, False),
@@ -61,7 +61,7 @@ def _as_type(t) -> Type:
         known = ", ".join(f"{m.name}={m.value}" for m in Type)
         raise GGMLError(f"unknown ggml type {t!r} (ggml_lite knows {known})") from None
 
-
+# %% book/01_types.ipynb #377ccb600384
 def type_name(t) -> str:
     """ggml_type_name: 'f32', 'q4_0', 'q4_K', ..."""
     return _LAYOUT[_as_type(t)][0]
@@ -81,7 +81,7 @@ def is_quantized(t) -> bool:
     """ggml_is_quantized."""
     return _LAYOUT[_as_type(t)][3]
 
-
+# %% book/01_types.ipynb #d6772d47e2fe
 def _check_blocks(t: Type, n: int, where: str) -> None:
     bs = blck_size(t)
     require(n % bs == 0, where,
@@ -138,7 +138,7 @@ _VEC_DOT_TYPE = {
     Type.Q4_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
 }
 
-
+# %% book/01_types.ipynb #52eb405dd7ea
 def _quantize_flat(t: Type, x: np.ndarray) -> np.ndarray:
     """x: contiguous float32 of whole blocks -> its bytes in type t (one call, no Python
     loop)."""
@@ -163,7 +163,7 @@ def _dequantize_flat(t: Type, data: np.ndarray, n: int) -> np.ndarray:
     from_row(data.view(np.uint16) if t in (Type.F16, Type.BF16) else data, y)
     return y
 
-
+# %% book/01_types.ipynb #8cd7235dc05d
 def _check_finite(t: Type, x: np.ndarray, where: str) -> None:
     """Policy: quantized formats reject NaN and inf (ggml's reference quantizers would
     silently write garbage codes); F16/BF16 carry them, as the IEEE formats they are."""
@@ -194,7 +194,7 @@ def _from_float(t: Type):
         return _quantize_flat(t, x)
     return from_float
 
-
+# %% book/01_types.ipynb #9dfdfca3620e
 def _to_float(t: Type):
     def to_float(data, n: int) -> np.ndarray:
         """The first row_size(n) bytes of data -> float32[n] (ggml's to_float)."""
@@ -267,7 +267,7 @@ def quantize_chunk(type, src) -> np.ndarray:
     out = _quantize_flat(t, x2).reshape(x2.shape[0], rs)
     return out[0] if x.ndim == 1 else out
 
-
+# %% book/01_types.ipynb #94a252ef5541
 def dequantize_rows(type, data, n_per_row: int) -> np.ndarray:
     """The inverse of quantize_chunk: uint8 rows of row_size(type, n_per_row) bytes
     (shape (nrows, row_size), or flat) -> float32 (nrows, n_per_row)."""

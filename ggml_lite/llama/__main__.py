@@ -33,7 +33,7 @@ def _init_backend(spec):
         raise GGMLError(f"llama: --device {spec}: no such device")
     return b
 
-
+# %% book/93_llama_product.ipynb #00be3407636d
 def _print_timings(m, file):
     """llama_perf_context_print's lines."""
     t = m.timings
@@ -104,7 +104,7 @@ def _check_args(args):
                         "comma-separated backend indices "
                         f"(integers into --device), e.g. 0,0,1,1") from None
 
-
+# %% book/93_llama_product.ipynb #fe159a58764c
 def _run(args, state):
     layers_on = _check_args(args)
     backends = [_init_backend(d) for d in args.device]

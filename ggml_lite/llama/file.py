@@ -123,7 +123,7 @@ def llama_key(reader, key, kind, required=True, default=None):
                         f"expected {kind}")
     return f.contents()
 
-
+# %% book/93_llama_product.ipynb #542012e2eb94
 def llama_array(reader, key, kind, n):
     """An array key (tokens, scores, token types) that must hold n values of one kind,
     or None."""
@@ -186,17 +186,7 @@ def llama_read_hparams(reader):
     if n_rot != n_embd // n_head:
         raise GGMLError(f"llama: rope.dimension_count = {n_rot} "
                         f"must equal n_embd / n_head = {n_embd // n_head}")
-    # head sizes other than n_embd/n_head
-    for key in ("attention.key_length", "attention.value_length"):
-        if (llama_key(reader, k(key), LLAMA_INT, False, n_embd // n_head)
-                != n_embd // n_head):
-            raise GGMLError(f"llama: llama.{key} = "
-                            f"{llama_key(reader, k(key), LLAMA_INT)} differs from "
-                            f"n_embd / n_head = {n_embd // n_head}; "
-                            "such models are not supported")
-    if llama_key(reader, k("expert_count"), LLAMA_INT, False, 0):
-        raise GGMLError("llama: mixture-of-experts llama models "
-                        "(llama.expert_count > 0) are not supported")
+    _llama_refuse_unsupported(reader, n_embd, n_head)
     scaling = llama_key(reader, k("rope.scaling.type"), LLAMA_STR, False, "none")
     factor = float(llama_key(reader, k("rope.scaling.factor"), LLAMA_FLOAT, False, 0.0))
     if scaling not in ("none", "linear"):
@@ -216,6 +206,22 @@ def llama_read_hparams(reader):
                         rope_freq_scale=freq_scale,
                         f_attention_scale=float(llama_key(reader, k("attention.scale"),
                                                           LLAMA_FLOAT, False, 0.0)))
+
+# %% book/93_llama_product.ipynb #5b59ac93847b
+def _llama_refuse_unsupported(reader, n_embd, n_head):
+    """Refuse the llama variants this loader does not build: head sizes other than
+    n_embd/n_head, and mixture-of-experts layers."""
+    k = lambda name: f"llama.{name}"
+    for key in ("attention.key_length", "attention.value_length"):
+        if (llama_key(reader, k(key), LLAMA_INT, False, n_embd // n_head)
+                != n_embd // n_head):
+            raise GGMLError(f"llama: llama.{key} = "
+                            f"{llama_key(reader, k(key), LLAMA_INT)} differs from "
+                            f"n_embd / n_head = {n_embd // n_head}; "
+                            "such models are not supported")
+    if llama_key(reader, k("expert_count"), LLAMA_INT, False, 0):
+        raise GGMLError("llama: mixture-of-experts llama models "
+                        "(llama.expert_count > 0) are not supported")
 
 # %% book/93_llama_product.ipynb #llama-open
 def llama_open(path):
@@ -241,7 +247,7 @@ def llama_open(path):
         raise GGMLError(f"llama: {path} is not a readable GGUF file: "
                         f"{type(e).__name__}: {e}") from None
 
-
+# %% book/93_llama_product.ipynb #9e8a93428412
 @functools.cache
 def _checked_reader(gguf):
     """GGUFReader, checking the tensors' places before it maps them: on a file cut short
@@ -319,7 +325,7 @@ def _check_data_layout(gguf, reader, data_start, fields):
                             f"file bounds, model is corrupted or incomplete)")
         expected = offset + -(-n // align) * align
 
-
+# %% book/93_llama_product.ipynb #4ff027c1f480
 def _check_magic_and_version(path):
     """gguf.cpp's first checks: the magic, then a version it reads (2 or 3; 1 is no
     longer supported)."""

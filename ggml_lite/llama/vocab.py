@@ -67,20 +67,7 @@ class Vocab:
     def token_to_piece(self, tid, special=False):
         """llama_token_to_piece: the bytes a token stands for
         ('\u2581' -> ' ', <0xXX> -> the byte)."""
-        if not 0 <= tid < self.n_tokens:
-            raise GGMLError(f"llama: token id {tid} is outside the vocabulary of "
-                            f"{self.n_tokens} tokens")
-        t, text = self.types[tid], self.tokens[tid]
-        if t in (_UNKNOWN, _CONTROL):
-            return text if special else b""
-        if t == _USER_DEFINED:
-            return text
-        if t == _NORMAL:
-            return text.replace(_ESCAPED_SPACE, _SPACE)
-        if t == _BYTE:
-            return bytes([int(text[3:5], 16)])
-        # unused, undefined: suppressed like control tokens
-        return b""
+        return _token_to_piece(self, tid, special)
 
     def tokenize(self, text, add_special=True, parse_special=False):
         """llama_tokenize: text (str or UTF-8 bytes) -> token ids (BOS first when
@@ -92,7 +79,38 @@ class Vocab:
         replaced)."""
         return _detokenize(self, tokens, remove_special, unparse_special)
 
+# %% book/93_llama_product.ipynb #228494e52d7e
+def _token_to_piece(vocab, tid, special):
+    """llama_token_to_piece for an SPM vocabulary: what a token of each type prints."""
+    if not 0 <= tid < vocab.n_tokens:
+        raise GGMLError(f"llama: token id {tid} is outside the vocabulary of "
+                        f"{vocab.n_tokens} tokens")
+    t, text = vocab.types[tid], vocab.tokens[tid]
+    if t in (_UNKNOWN, _CONTROL):
+        return text if special else b""
+    if t == _USER_DEFINED:
+        return text
+    if t == _NORMAL:
+        return text.replace(_ESCAPED_SPACE, _SPACE)
+    if t == _BYTE:
+        return bytes([int(text[3:5], 16)])
+    # unused, undefined: suppressed like control tokens
+    return b""
+
 # %% book/93_llama_product.ipynb #llama-spm
+def _utf8_symbols(text):
+    """The text (bytes) cut into UTF-8 characters, as a linked list of symbols
+    [start, length, prev, next]."""
+    syms, offs = [], 0
+    while offs < len(text):
+        n = min(_UTF8_LEN[text[offs] >> 4], len(text) - offs)
+        syms.append([offs, n, len(syms) - 1, -1])
+        offs += n
+    for i in range(len(syms) - 1):
+        syms[i][3] = i + 1
+    return syms
+
+# %% book/93_llama_product.ipynb #38447e17d07f
 class _SPMSession:
     """llm_tokenizer_spm_session: split into UTF-8 characters, then merge the
     best-scoring neighbouring pair again and again; what never became a token is spelled
@@ -103,13 +121,7 @@ class _SPMSession:
 
     def tokenize(self, text, out):
         import heapq
-        v, syms, offs = self.vocab, [], 0        # a symbol: [start, length, prev, next]
-        while offs < len(text):
-            n = min(_UTF8_LEN[text[offs] >> 4], len(text) - offs)
-            syms.append([offs, n, len(syms) - 1, -1])
-            offs += n
-        for i in range(len(syms) - 1):
-            syms[i][3] = i + 1
+        v, syms = self.vocab, _utf8_symbols(text)
         self.text, self.syms, self.heap, self.rev = text, syms, [], {}
         for i in range(1, len(syms)):
             self._try_add_bigram(i - 1, i)
@@ -182,7 +194,7 @@ def _partition(vocab, text, parse_special):
         frags = out
     return frags
 
-
+# %% book/93_llama_product.ipynb #e7cf67603185
 def _tokenize(vocab, text, add_special=True, parse_special=False):
     """llama_tokenize for an SPM vocabulary: text (str or UTF-8 bytes) -> token ids."""
     raw = text.encode() if isinstance(text, str) else bytes(text)
@@ -200,7 +212,7 @@ def _tokenize(vocab, text, add_special=True, parse_special=False):
         out.append(vocab.eos)
     return out
 
-
+# %% book/93_llama_product.ipynb #897c2fdbc799
 def _detokenize(vocab, tokens, remove_special=False, unparse_special=False):
     """llama_detokenize: the text of tokens (bytes decoded as UTF-8, bad bytes
     replaced)."""
@@ -252,45 +264,15 @@ class BPEVocab(Vocab):
         raw = text.encode() if isinstance(text, str) else bytes(text)
         out = []
         if add_special and self.add_bos:
-            out.append(self._special_id("bos", self.bos))
+            out.append(_bpe_special_id("bos", self.bos))
         for frag in (_partition(self, raw, parse_special) if raw else []):
             if isinstance(frag, int):
                 out.append(frag)
             else:
-                self._tokenize_text(utf8_text(frag), out)
+                _bpe_tokenize_text(self, utf8_text(frag), out)
         if add_special and self.add_eos:
-            out.append(self._special_id("eos", self.eos))
+            out.append(_bpe_special_id("eos", self.eos))
         return out
-
-    def _special_id(self, name, tid):
-        if tid is None:
-            raise GGMLError(f"llama: add_{name}_token is set but the vocabulary has no "
-                            f"{name} token")
-        return tid
-
-    def _tokenize_text(self, text, out):
-        pre = self.pre
-        if pre.escape_whitespaces:
-            text = text.replace(" ", "\u2581")
-        for word in pre_split(text, pre.regexes):
-            word = byte_encode(word) if pre.byte_level else word
-            whole = self.str_to_id.get(word)
-            if whole is not None and (pre.ignore_merges
-                                      or (pre.name == "gemma4"
-                                          and not word.strip("\n"))):
-                out.append(whole)
-                continue
-            for piece in bpe_merge(word, self.ranks):
-                tid = self.str_to_id.get(piece)
-                if tid is not None:
-                    out.append(tid)
-                    # else its bytes, those that are tokens
-                    continue
-                for b in piece.encode("utf-8", "surrogatepass"):
-                    tid = self.text_to_id.get(bytes([b]) if pre.byte_level
-                                              else f"<0x{b:02X}>".encode())
-                    if tid is not None:
-                        out.append(tid)
 
     def token_to_piece(self, tid, special=False):
         """llama_token_to_piece: a normal token's characters mapped back to bytes
@@ -311,6 +293,40 @@ class BPEVocab(Vocab):
         asks for it."""
         text = _detokenize(self, tokens, remove_special, unparse_special)
         return clean_spaces(text) if self.pre.clean_spaces else text
+
+# %% book/93_llama_product.ipynb #52a6925d5141
+def _bpe_special_id(name, tid):
+    if tid is None:
+        raise GGMLError(f"llama: add_{name}_token is set but the vocabulary has no "
+                        f"{name} token")
+    return tid
+
+# %% book/93_llama_product.ipynb #ce311de1154d
+def _bpe_tokenize_text(vocab, text, out):
+    """Token ids of a text with no special tokens in it: pre-split into words, each word
+    one token if it is one (and the pre-tokenizer allows it), else merged by rank."""
+    pre = vocab.pre
+    if pre.escape_whitespaces:
+        text = text.replace(" ", "\u2581")
+    for word in pre_split(text, pre.regexes):
+        word = byte_encode(word) if pre.byte_level else word
+        whole = vocab.str_to_id.get(word)
+        if whole is not None and (pre.ignore_merges
+                                  or (pre.name == "gemma4"
+                                      and not word.strip("\n"))):
+            out.append(whole)
+            continue
+        for piece in bpe_merge(word, vocab.ranks):
+            tid = vocab.str_to_id.get(piece)
+            if tid is not None:
+                out.append(tid)
+                # else its bytes, those that are tokens
+                continue
+            for b in piece.encode("utf-8", "surrogatepass"):
+                tid = vocab.text_to_id.get(bytes([b]) if pre.byte_level
+                                          else f"<0x{b:02X}>".encode())
+                if tid is not None:
+                    out.append(tid)
 
 # %% book/93_llama_product.ipynb #llama-bpe-read
 def llama_read_vocab_bpe(reader, model, tokens):

@@ -27,7 +27,7 @@ def _byte_to_char():
 BYTE_TO_CHAR = _byte_to_char()
 CHAR_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
 
-
+# %% book/93_llama_product.ipynb #a20f2b6747c1
 def byte_encode(word):
     """unicode_byte_encoding_process: each byte of the word's UTF-8 as its printable
     character."""
@@ -47,7 +47,7 @@ def byte_decode(text):
             out.append(b)
     return bytes(out)
 
-
+# %% book/93_llama_product.ipynb #ad00d1f38ad5
 def utf8_text(raw):
     """unicode_cpts_from_utf8: bytes -> str; a byte that starts no valid sequence
     becomes U+FFFD, alone."""
@@ -91,6 +91,7 @@ _NEWER = ("CF3M ECEM 2FFC-2FFFS 31EFS 10EFD-10EFFM 1123F-11240L 11241M 11B00-11B
 _NEWER_RANGES = [(int(a, 16), int(b or a, 16), k) for a, b, k
                  in re.findall(r"([0-9A-F]+)(?:-([0-9A-F]+))?([A-Z])", _NEWER)]
 
+# %% book/93_llama_product.ipynb #10f6cbfbdbec
 # the collapsed text: one character per code point, its category's stand-in (k_ucat_cpt)
 _CAT_CHAR = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
 # what each \p{...} becomes in a collapsed regex: the stand-in plus the category's ASCII
@@ -101,7 +102,7 @@ _CAT_CLASS = {"N": "\xd10-9", "L": "\xd2A-Za-z",
 # k_ucat_enum: \p{Lu} and co. mean any letter
 _UCAT = re.compile(r"\\p\{(N|L|P|M|S|Lu|Ll|Lt|Lm|Lo)\}")
 
-
+# %% book/93_llama_product.ipynb #2f624e15faaf
 def category(cp):
     """The general category's first letter, as llama.cpp's unicode-data.cpp has it ('C'
     for unassigned)."""
@@ -153,7 +154,7 @@ def _collapse_regex(expr):
         i += 1
     return "".join(out)
 
-
+# %% book/93_llama_product.ipynb #8688e5a68fd6
 _REGEX_CACHE = {}
 
 
@@ -170,7 +171,7 @@ def _compiled(expr):
         _REGEX_CACHE[expr] = re.compile(_collapse_regex(expr), re.ASCII), collapsed
     return _REGEX_CACHE[expr]
 
-
+# %% book/93_llama_product.ipynb #aa135ff770b3
 def pre_split(text, exprs):
     """unicode_regex_split: cut text (str) into words, each regex in turn cutting the
     pieces the previous ones made; what no match covers is a piece of its own. Matching
@@ -230,7 +231,7 @@ _PRE_REGEXES = {
     "gemma4": ("[^\\n]+|[\\n]+",),
 }
 
-
+# %% book/93_llama_product.ipynb #eddd15b5d58d
 @dataclass(frozen=True)
 class BPEPre:
     """A pre-tokenizer as llama_vocab::load sets it up from tokenizer.ggml.pre."""
@@ -244,7 +245,7 @@ class BPEPre:
     byte_level: bool = True
     escape_whitespaces: bool = False   # ' ' -> U+2581 first (SentencePiece-style BPE)
 
-
+# %% book/93_llama_product.ipynb #3701f4186a67
 # tokenizer.ggml.pre -> (regexes, options): the names llama.cpp's tests cover, and the
 # names llama.cpp
 # gives the same regexes and options
@@ -267,7 +268,7 @@ for _names, _rx, _opt in (
     for _n in _names.split():
         _PRE[_n] = (_rx, _opt)
 
-
+# %% book/93_llama_product.ipynb #5fadf7f13b38
 def bpe_pre(name):
     """The pre-tokenizer of a tokenizer.ggml.pre name; GGMLError for one not implemented
     here."""
@@ -310,7 +311,7 @@ def bpe_merge(word, ranks):
         add_bigram(left, nxt[left])
     return [text(i) for i in range(n) if size[i]]
 
-
+# %% book/93_llama_product.ipynb #00204841ebe7
 def clean_spaces(text):
     """llama_vocab::detokenize's clean_up_tokenization_spaces: ' ?' ' !' ' .' ' ,' lose
     their space, so does a lone apostrophe (both spaces), and " 's" " 'm" " 're" " 've"

@@ -105,7 +105,7 @@ def _bpe_cut(vocab, n):
               if a in kept and b in kept and a + b in kept]
     return ids, merges
 
-
+# %% book/93_llama_product.ipynb #67cee6cac349
 def _write_vocab(w, vocab, n):
     """The tokenizer.ggml.* keys llama.cpp's llama_vocab::load reads: SPM ("llama":
     tokens, scores, types, BOS/EOS/UNK) or BPE ("gpt2": tokens, types, merges, the
