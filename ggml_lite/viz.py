@@ -99,12 +99,31 @@ def draw_graph(cgraph, ax=None, title=None):
         ax.set_title(title, fontsize=10)
     return ax
 
-# %% book/08_alloc.ipynb #alloc-draw-timeline
+# %% book/08_alloc.ipynb #alloc-timeline-handovers-5c1e9a37
 from ggml_lite.alloc import (
     gallocr_get_buffer_size, live_ranges, op_can_inplace, placements)
 from ggml_lite.backend_buffer import backend_buffer_get_size
 
 
+def _handovers(graph, where, ranges):
+    """In-place hand-overs happen in the middle of a node: (handed, taken), the ids
+    of the tensors whose bytes a node takes over in place at their last read, and of
+    those nodes. where: id(tensor) -> (buffer id, chunk, offset); ranges:
+    live_ranges."""
+    handed, taken = set(), set()
+    for i, node in enumerate(graph.nodes):
+        if id(node) in where and op_can_inplace(node.op):
+            for s in node.src:
+                if (
+                    s is not None
+                    and where.get(id(s)) == where[id(node)]
+                    and ranges.get(s, (0, -2))[1] == i
+                ):
+                    handed.add(id(s))
+                    taken.add(id(node))
+    return handed, taken
+
+# %% book/08_alloc.ipynb #alloc-draw-timeline
 def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None, fontsize=9):
     """Draw where gallocr put the tensors of an allocated graph: node index to the
     right, offset up, one rectangle per tensor over its live range. Pink: leafs and
@@ -137,18 +156,7 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None, fontsize
 
     placed = placements(galloc, graph)
     where = {id(t): (b, c, off) for t, b, c, off, _ in placed}
-    # in-place hand-overs happen in the middle of a node
-    handed, taken = set(), set()
-    for i, node in enumerate(graph.nodes):
-        if id(node) in where and op_can_inplace(node.op):
-            for s in node.src:
-                if (
-                    s is not None
-                    and where.get(id(s)) == where[id(node)]
-                    and ranges.get(s, (0, -2))[1] == i
-                ):
-                    handed.add(id(s))
-                    taken.add(id(node))
+    handed, taken = _handovers(graph, where, ranges)
     for t, buffer_id, chunk, offset, size in placed:
         lo, hi = ranges.get(t, (-1, n))
         y = (chunk_base[(buffer_id, chunk)] + offset) / 1024
