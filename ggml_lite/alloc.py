@@ -116,7 +116,8 @@ class Gallocr:
     def __repr__(self):
         names = [backend_buft_name(b) for b in self.bufts]
         sizes = [gallocr_get_buffer_size(self, i) for i in range(self.n_buffers)]
-        return f"Gallocr(bufts={names}, buffer sizes={sizes}, reserved for {self.n_nodes} nodes)"
+        return (f"Gallocr(bufts={names}, buffer sizes={sizes}, "
+                f"reserved for {self.n_nodes} nodes)")
 
 # %% book/08_alloc.ipynb #alloc-gallocr-new
 def gallocr_new_n(bufts, n_bufs=None):
@@ -437,9 +438,11 @@ def _fits(galloc, t, talloc):
 def _needs_realloc(galloc, graph):
     """ggml_gallocr_needs_realloc: why the recorded plan does not fit graph, or None."""
     if galloc.n_nodes != len(graph.nodes):
-        return f"graph has different number of nodes ({len(graph.nodes)}, reserved {galloc.n_nodes})"
+        return (f"graph has different number of nodes ({len(graph.nodes)}, "
+                f"reserved {galloc.n_nodes})")
     if galloc.n_leafs != len(graph.leafs):
-        return f"graph has different number of leafs ({len(graph.leafs)}, reserved {galloc.n_leafs})"
+        return (f"graph has different number of leafs ({len(graph.leafs)}, "
+                f"reserved {galloc.n_leafs})")
     for node, (dst, srcs) in zip(graph.nodes, galloc.node_allocs):
         if not _fits(galloc, node, dst):
             return f"node {node.name} is not valid"

@@ -62,8 +62,9 @@ def _check_same_layout(src, dst, where):
         are_same_layout(src, dst),
         where,
         lambda: (
-            f"cannot copy tensors with different layouts: '{src.name}' is {type_name(src.type)} "
-            f"ne={src.ne} nb={src.nb}, '{dst.name}' is {type_name(dst.type)} ne={dst.ne} nb={dst.nb}"
+            f"cannot copy tensors with different layouts: '{src.name}' is "
+            f"{type_name(src.type)} ne={src.ne} nb={src.nb}, '{dst.name}' is "
+            f"{type_name(dst.type)} ne={dst.ne} nb={dst.nb}"
         ),
     )
 
@@ -126,8 +127,8 @@ def _check_dtype(t, data, where):
 
 # %% book/07b_backend_streams.ipynb #backend-bytes
 def _copy_size(tensor, raw, offset, size, where, verb):
-    """The size of a raw copy (default: all of data to write, the rest of the tensor to read),
-    checked against the room in data."""
+    """The size of a raw copy (default: all of data to write, the rest of the tensor to
+    read), checked against the room in data."""
     if size is None:
         size = raw.size if verb == "write" else nbytes(tensor) - offset
     size = int(size)
@@ -141,9 +142,10 @@ def _copy_size(tensor, raw, offset, size, where, verb):
 def backend_tensor_set(tensor, data, offset=0, size=None):
     """ggml_backend_tensor_set: copy host data into the tensor through its buffer.
 
-    data: an array of the tensor's dtype with as many elements as t.numpy() (its values, written
-    through the strides); or bytes / a uint8 array, or any data with offset/size: ggml's raw copy
-    of size bytes (default: all of data) to byte offset. A full write must be exactly nbytes(t).
+    data: an array of the tensor's dtype with as many elements as t.numpy() (its
+    values, written through the strides); or bytes / a uint8 array, or any data with
+    offset/size: ggml's raw copy of size bytes (default: all of data) to byte offset.
+    A full write must be exactly nbytes(t).
     """
     where = "backend_tensor_set"
     _check_dtype(tensor, data, where)
@@ -168,9 +170,10 @@ def backend_tensor_set(tensor, data, offset=0, size=None):
 def backend_tensor_get(tensor, data=None, offset=0, size=None):
     """ggml_backend_tensor_get: the tensor's bytes copied to the host.
 
-    backend_tensor_get(t): a new array with t.numpy()'s dtype and shape (values through the strides).
-    With data (writable bytes-like or array) or offset/size: ggml's raw copy of size bytes
-    (default: the rest of the tensor) from byte offset into data, or into a new uint8 array.
+    backend_tensor_get(t): a new array with t.numpy()'s dtype and shape (values
+    through the strides). With data (writable bytes-like or array) or offset/size:
+    ggml's raw copy of size bytes (default: the rest of the tensor) from byte offset
+    into data, or into a new uint8 array.
     """
     where = "backend_tensor_get"
     if data is None and offset == 0 and size is None:
@@ -307,8 +310,8 @@ def backend_get_max_size(backend):
 
 # %% book/07b_backend_streams.ipynb #backend-async-copies
 def backend_tensor_set_async(backend, tensor, data, offset=0, size=None):
-    """ggml_backend_tensor_set_async: a raw copy of size bytes (default: all of data), queued on backend.
-    data must stay unchanged until backend_synchronize."""
+    """ggml_backend_tensor_set_async: a raw copy of size bytes (default: all of data),
+    queued on backend. data must stay unchanged until backend_synchronize."""
     where = "backend_tensor_set_async"
     _check_dtype(tensor, data, where)
     raw = as_bytes(data, where)
@@ -348,9 +351,9 @@ def backend_synchronize(backend):
 
 
 def backend_graph_compute_async(backend, cgraph):
-    """ggml_backend_graph_compute_async: start computing the graph; the backend's Status. Nothing
-    is caught: an exception (a MemoryError, a kernel's GGMLError) reaches the caller, as ggml's
-    CPU backend lets new's std::bad_alloc out."""
+    """ggml_backend_graph_compute_async: start computing the graph; the backend's
+    Status. Nothing is caught: an exception (a MemoryError, a kernel's GGMLError)
+    reaches the caller, as ggml's CPU backend lets new's std::bad_alloc out."""
     graph_check_alive(cgraph, "backend_graph_compute")
     return backend.graph_compute(cgraph)
 
@@ -509,8 +512,9 @@ def backend_reg_get_proc_address(reg, name):
     return reg.get_proc_address(name)
 
 # %% book/07b_backend_streams.ipynb #backend-face
-from ggml_lite.backend_impl import *  # noqa: F401,F403  (the interfaces and records)
-from ggml_lite.backend_buffer import *  # noqa: F401,F403  (buffer types, buffers, placement)
+# the interfaces and records; buffer types, buffers, placement
+from ggml_lite.backend_impl import *  # noqa: F401,F403
+from ggml_lite.backend_buffer import *  # noqa: F401,F403
 
 # %% book/07d_backend_registry.ipynb #backend-face-reg
 from ggml_lite.backend_reg import *  # noqa: F401,F403  (the registry and the loader)
@@ -518,4 +522,5 @@ from ggml_lite.backend_reg import *  # noqa: F401,F403  (the registry and the lo
 from ggml_lite.backend_reg import registry as _registry
 
 # %% book/08_alloc.ipynb #tallocr-face
-from ggml_lite.tallocr import *  # noqa: F401,F403  (ggml-alloc.c's linear allocator and alloc_ctx_tensors)
+# ggml-alloc.c's linear allocator and alloc_ctx_tensors
+from ggml_lite.tallocr import *  # noqa: F401,F403

@@ -414,7 +414,8 @@ def _assignments_text(sched, graph, level, causes):
     for i, node in enumerate(graph.nodes):
         if cur_split < sched.n_splits and i == sched.splits[cur_split].i_start:
             split = sched.splits[cur_split]
-            line = f"\n## SPLIT #{cur_split}: {backend_name(sched.backends[split.backend_id])} # {split.n_inputs} inputs"
+            name = backend_name(sched.backends[split.backend_id])
+            line = f"\n## SPLIT #{cur_split}: {name} # {split.n_inputs} inputs"
             if split.inputs:
                 line += ": " + "".join(
                     f"[{t.name} ({fmt_size(nbytes(t)):>5.5})] " for t in split.inputs

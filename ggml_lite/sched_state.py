@@ -103,7 +103,8 @@ class BackendSched:
 
     def __repr__(self):
         names = [backend_name(b) for b in self.backends]
-        return f"BackendSched(backends={names}, n_copies={self.n_copies}, n_splits={self.n_splits})"
+        return (f"BackendSched(backends={names}, n_copies={self.n_copies}, "
+                f"n_splits={self.n_splits})")
 
 # %% book/09_sched.ipynb #sched-new
 def backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload):

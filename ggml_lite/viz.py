@@ -99,18 +99,37 @@ def draw_graph(cgraph, ax=None, title=None):
         ax.set_title(title, fontsize=10)
     return ax
 
-# %% book/08_alloc.ipynb #alloc-draw-timeline
+# %% book/08_alloc.ipynb #alloc-timeline-handovers-5c1e9a37
 from ggml_lite.alloc import (
     gallocr_get_buffer_size, live_ranges, op_can_inplace, placements)
 from ggml_lite.backend_buffer import backend_buffer_get_size
 
 
-def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None):
+def _handovers(graph, where, ranges):
+    """In-place hand-overs happen in the middle of a node: (handed, taken), the ids
+    of the tensors whose bytes a node takes over in place at their last read, and of
+    those nodes. where: id(tensor) -> (buffer id, chunk, offset); ranges:
+    live_ranges."""
+    handed, taken = set(), set()
+    for i, node in enumerate(graph.nodes):
+        if id(node) in where and op_can_inplace(node.op):
+            for s in node.src:
+                if (
+                    s is not None
+                    and where.get(id(s)) == where[id(node)]
+                    and ranges.get(s, (0, -2))[1] == i
+                ):
+                    handed.add(id(s))
+                    taken.add(id(node))
+    return handed, taken
+
+# %% book/08_alloc.ipynb #alloc-draw-timeline
+def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None, fontsize=9):
     """Draw where gallocr put the tensors of an allocated graph: node index to the
     right, offset up, one rectangle per tensor over its live range. Pink: leafs and
     INPUT; blue: intermediate; orange: OUTPUT or a result nobody reads. Chunks are
     stacked; the dashed line is the buffer size. label: a function tensor -> text
-    (default: the tensor's name)."""
+    (default: the tensor's name), drawn in a rectangle large enough to hold it."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
@@ -126,20 +145,18 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None):
                 chunk_base[(buffer_id, chunk)] = base
                 base += backend_buffer_get_size(buf)
                 ax.axhline(base / 1024, color="#555555", lw=0.8, ls="--")
+    ax.set_xlim(-1.7, n + 0.7)
+    ax.set_ylim(0, max(base, 1) / 1024 * 1.04)
+    pt = 72 / ax.figure.dpi                      # display pixels -> points
+
+    def fits(text, x0, x1, y, h):
+        (a0, b0), (a1, b1) = ax.transData.transform([(x0, y), (x1, y + h)])
+        return ((a1 - a0) * pt >= 0.62 * fontsize * len(text)
+                and (b1 - b0) * pt >= 1.15 * fontsize)
+
     placed = placements(galloc, graph)
     where = {id(t): (b, c, off) for t, b, c, off, _ in placed}
-    # in-place hand-overs happen in the middle of a node
-    handed, taken = set(), set()
-    for i, node in enumerate(graph.nodes):
-        if id(node) in where and op_can_inplace(node.op):
-            for s in node.src:
-                if (
-                    s is not None
-                    and where.get(id(s)) == where[id(node)]
-                    and ranges.get(s, (0, -2))[1] == i
-                ):
-                    handed.add(id(s))
-                    taken.add(id(node))
+    handed, taken = _handovers(graph, where, ranges)
     for t, buffer_id, chunk, offset, size in placed:
         lo, hi = ranges.get(t, (-1, n))
         y = (chunk_base[(buffer_id, chunk)] + offset) / 1024
@@ -148,11 +165,10 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None):
         x1 = hi if id(t) in handed else min(hi, n) + 0.45
         ax.add_patch(Rectangle((x0, y), x1 - x0, size / 1024, fc=color, ec="#333333",
                                lw=0.6))
-        ax.text((x0 + x1) / 2, y + size / 2048, label(t), ha="center", va="center",
-                fontsize=6.5,
-                clip_on=True)
-    ax.set_xlim(-1.7, n + 0.7)
-    ax.set_ylim(0, max(base, 1) / 1024 * 1.04)
+        text = label(t)
+        if fits(text, x0, x1, y, size / 1024):
+            ax.text((x0 + x1) / 2, y + size / 2048, text, ha="center", va="center",
+                    fontsize=fontsize, clip_on=True)
     ax.set_xlabel("node index (-1: before the graph runs)")
     ax.set_ylabel("offset (KiB)")
     if title:
@@ -244,8 +260,10 @@ def draw_sched_split_rows(sched, graph, rows=2, title=None, width=8):
 
     step = -(-graph.n_nodes // rows)
     lanes = [max([sp.n_inputs for sp in sched.splits
-                  if r * step <= sp.i_start < (r + 1) * step] + [1]) for r in range(rows)]
-    fig, axes = plt.subplots(rows, 1, squeeze=False, height_ratios=[3 + n for n in lanes],
+                  if r * step <= sp.i_start < (r + 1) * step] + [1])
+             for r in range(rows)]
+    fig, axes = plt.subplots(rows, 1, squeeze=False,
+                             height_ratios=[3 + n for n in lanes],
                              figsize=(width, 0.3 * sum(3 + n for n in lanes) + 1.0))
     for r, ax in enumerate(axes[:, 0]):
         span = (r * step, min((r + 1) * step, graph.n_nodes))

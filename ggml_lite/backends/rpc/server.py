@@ -19,7 +19,8 @@ from ggml_lite.backend import (
     backend_buffer_is_host, backend_buft_alloc_buffer, backend_buft_get_alignment,
     backend_buft_get_alloc_size, backend_buft_get_max_size, backend_dev_backend_reg,
     backend_dev_description, backend_dev_init, backend_dev_memory, backend_dev_name,
-    backend_get_default_buffer_type, backend_graph_compute, backend_reg_get_proc_address)
+    backend_get_default_buffer_type, backend_graph_compute,
+    backend_reg_get_proc_address)
 from ggml_lite.backends.rpc.server_checks import (
     ClientGone, MAX_GRAPH_MESSAGE, Refused, check_node, check_region)
 from ggml_lite.backends.rpc.wire import (
@@ -273,9 +274,9 @@ class _ServerReads(_ServerCommands):
         # ggml_backend_tensor_copy asserts ggml_are_same_layout; the buffer-end check
         # alone (ggml 0.15.3's) lets a larger src overwrite dst's neighbours
         if n != nbytes(dst):
-            raise Refused(f"copy_tensor: source '{src.name}' has {n} bytes, destination "
-                          f"'{dst.name}' has {nbytes(dst)}: cannot copy tensors with "
-                          "different layouts")
+            raise Refused(f"copy_tensor: source '{src.name}' has {n} bytes, "
+                          f"destination '{dst.name}' has {nbytes(dst)}: cannot copy "
+                          "tensors with different layouts")
         if dst.data + n > end:
             raise Refused(f"copy_tensor: out-of-bounds write: [0x{dst.data:x}, "
                           f"0x{dst.data + n:x}] past the buffer's end 0x{end:x}")
@@ -476,7 +477,8 @@ WARNING: Host ('{host}') is != '127.0.0.1'
 
 
 def _listen(endpoint):
-    """A listening socket at endpoint, with rpc-server's warning if it is not loopback."""
+    """A listening socket at endpoint, with rpc-server's warning if it is not
+    loopback."""
     host, port = parse_endpoint(endpoint)
     if host != "127.0.0.1":
         print(_NOT_LOOPBACK_WARNING.format(host=host), file=sys.stderr, flush=True)
@@ -519,7 +521,8 @@ def backend_rpc_start_server(endpoint, cache_dir, n_threads, n_devices, devices,
         print("Invalid arguments to ggml_backend_rpc_start_server", file=sys.stderr)
         return
     host, listener = _listen(endpoint)
-    version = (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION)
+    version = (RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
+               RPC_PROTO_PATCH_VERSION)
     print("Starting RPC server v" + ".".join(str(v) for v in version))
     print(f"  endpoint       : {host}:{listener.getsockname()[1]}")
     print(f"  local cache    : {cache_dir if cache_dir else 'n/a'}")
