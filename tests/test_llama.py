@@ -13,6 +13,7 @@ gguf = pytest.importorskip("gguf")
 
 from ggml_lite import alloc as galloc_module  # noqa: E402
 from ggml_lite import llama  # noqa: E402
+from ggml_lite.backend import backend_buffer_get_type, backend_buft_name, backend_tensor_get  # noqa: E402
 from ggml_lite.core import GGMLError  # noqa: E402
 from ggml_lite.types import Type  # noqa: E402
 
@@ -75,7 +76,34 @@ def test_tied_output_head():
     names = {t.name for t in gguf.GGUFReader(str(DATA / "llama_f16.gguf")).tensors}
     assert "output.weight" not in names
     m = model("f16")
-    assert m.output is m.tok_embd
+    # llama.cpp's TENSOR_DUPLICATED: a second tensor with token_embd's bytes, loaded as the output
+    assert m.output is not m.tok_embd and m.output.name == "output.weight"
+    assert m.output.type == m.tok_embd.type and list(m.output.ne) == list(m.tok_embd.ne)
+    assert np.array_equal(backend_tensor_get(m.output), backend_tensor_get(m.tok_embd))
+
+
+def test_tied_q4_0_head_is_repacked_and_the_lookup_is_not(tmp_path, monkeypatch):
+    """As llama.cpp places a tied Q4_0 head: the duplicate loaded as the output tensor goes to
+    CPU_REPACK (a MUL_MAT weight), token_embd stays in plain memory (GET_ROWS); the logits are
+    those of the same file with every weight in plain memory, within float rounding."""
+    vocab = llama.load_vocab(DATA / "llama_vocab_spm.gguf")
+    hp = llama.LlamaHParams(n_vocab=512, n_ctx_train=64, n_embd=64, n_layer=1, n_ff=128, n_head=2,
+                            n_head_kv=2, n_rot=32, f_norm_rms_eps=1e-5)
+    path = tmp_path / "tied.gguf"
+    llama.write_llama_gguf(path, hp, vocab, Type.Q4_0, seed=3, tied=True)
+    assert "output.weight" not in {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    tokens = [1, 17, 300, 42]
+    m = llama.load(path, n_ctx=32, n_threads=1, progress=False)
+    assert backend_buft_name(backend_buffer_get_type(m.output.buffer)) == "CPU_REPACK"
+    assert backend_buft_name(backend_buffer_get_type(m.tok_embd.buffer)) == "CPU"
+    repacked = m.eval(tokens)
+    m.free()
+    from ggml_lite.llama import buft as B
+    monkeypatch.setattr(B, "make_buft_list", lambda dev: [B.backend_dev_buffer_type(dev)])
+    p = llama.load(path, n_ctx=32, n_threads=1, progress=False)
+    assert backend_buft_name(backend_buffer_get_type(p.output.buffer)) == "CPU"
+    plain = p.eval(tokens)
+    assert nmse(repacked.ravel(), plain.ravel()) <= 1e-9
 
 
 def test_weights_stay_as_stored():

@@ -18,9 +18,8 @@ from ggml_lite.tensor import (new_tensor_1d, new_tensor_3d, new_tensor_4d,
                               tensor_overhead)
 from ggml_lite.types import Type
 
-# LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (the output
-# head, tied or not, is token_embd's tensor when tied, and then it is looked up as
-# token_embd: GET_ROWS)
+# LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (a tied head
+# is a second copy of token_embd, loaded as "output": MUL_MAT)
 LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL,
                     "output": Op.MUL_MAT, "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT,
                     "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT, "attn_output": Op.MUL_MAT,

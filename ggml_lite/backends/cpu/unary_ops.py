@@ -11,7 +11,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ggml_lite.backends.cpu.common import check_4d, get_thread_range, ld, ne_of, st, storage, table_f32_f16
-from ggml_lite.backends.cpu.ops import v_silu8, vput8, vrow8
+from ggml_lite.backends.cpu.vexp import v_silu8, vput8, vrow8
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import GluOp, UnaryOp
 from ggml_lite.types import Type, fp32_to_fp16, type_name
