@@ -55,7 +55,7 @@ def _layout(cgraph):
                 pos[k] = i + (width - len(row)) / 2
     return members, level, pos
 
-# %% book/04_graph.ipynb #graph-draw-fn
+# %% book/04_graph.ipynb #8b24e07d5a13
 def _box_text(t, index, name_width):
     """'#i OP' for a node, then its name in at most two lines of name_width characters,
     broken after ' ', '_' or '.' where it can be, and cut with '…' after two lines."""
@@ -71,7 +71,7 @@ def _box_text(t, index, name_width):
     head = [f"#{index[id(t)]} {op_name(t.op)}"] if id(t) in index else []
     return "\n".join(head + lines)
 
-
+# %% book/04_graph.ipynb #graph-draw-fn
 def draw_graph(cgraph, ax=None, title=None, fontsize=9, name_width=13):
     """Draw a graph with matplotlib: pink leafs, grey views, orange mul_mat; '#i' =
     position in nodes[]. Each row of boxes is one level, each box is name_width
