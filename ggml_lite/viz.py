@@ -4,6 +4,8 @@
 __all__ = ['draw_graph', 'draw_alloc_timeline', 'SPLIT_COLOURS', 'draw_sched_splits', 'draw_sched_split_rows']
 
 # %% book/04_graph.ipynb #graph-draw
+import re
+
 from ggml_lite.op_enums import is_view_op
 from ggml_lite.ops import Op, op_name
 
@@ -53,28 +55,51 @@ def _layout(cgraph):
                 pos[k] = i + (width - len(row)) / 2
     return members, level, pos
 
+# %% book/04_graph.ipynb #8b24e07d5a13
+def _box_text(t, index, name_width):
+    """'#i OP' for a node, then its name in at most two lines of name_width characters,
+    broken after ' ', '_' or '.' where it can be, and cut with '…' after two lines."""
+    lines = [""]
+    for piece in re.split(r"(?<=[ _.])", t.name):
+        if lines[-1] and len(lines[-1]) + len(piece.rstrip()) > name_width:
+            lines.append("")
+        lines[-1] += piece
+    lines = [s[i:i + name_width].rstrip()                 # a piece too long: cut it
+             for s in lines for i in range(0, max(len(s), 1), name_width)]
+    if len(lines) > 2:
+        lines = [lines[0], lines[1][: name_width - 1] + "…"]
+    head = [f"#{index[id(t)]} {op_name(t.op)}"] if id(t) in index else []
+    return "\n".join(head + lines)
+
 # %% book/04_graph.ipynb #graph-draw-fn
-def draw_graph(cgraph, ax=None, title=None):
+def draw_graph(cgraph, ax=None, title=None, fontsize=9, name_width=13):
     """Draw a graph with matplotlib: pink leafs, grey views, orange mul_mat; '#i' =
-    position in nodes[]."""
+    position in nodes[]. Each row of boxes is one level, each box is name_width
+    characters of fontsize-point text wide."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
     members, level, pos = _layout(cgraph)
     index = {id(n): i for i, n in enumerate(cgraph.nodes)}
+    texts = {key: _box_text(t, index, name_width) for key, t in members.items()}
     depth = max(level.values(), default=0) + 1
     width = max(pos.values(), default=0) + 1
+    lines = max((s.count("\n") + 1 for s in texts.values()), default=1)
+    col_in = name_width * fontsize * 0.6 / 72 + 0.24      # inches per column of boxes
+    box_in = lines * fontsize * 1.25 / 72 + 0.08          # inches of one box's height
+    row_in = box_in + 0.2                                 # inches per level
     if ax is None:
-        _, ax = plt.subplots(figsize=(min(2.3 * width + 1, 16), 0.62 * depth + 0.8))
-    ax.set_xlim(-0.6, width - 0.4)
-    ax.set_ylim(-depth + 0.4, 0.6)
+        _, ax = plt.subplots(figsize=(col_in * width + 0.1, row_in * depth + 0.4))
+    bw, bh = 1 - 0.14 / col_in, box_in / row_in           # a box in data units
+    ax.set_xlim(-0.55, width - 0.45)
+    ax.set_ylim(-depth + 0.45, 0.55)
     ax.axis("off")
     xy = {k: (pos[k], -level[k]) for k in members}
     for key, t in members.items():
         for s in t.src:
             if s is not None and id(s) in members:
                 (x0, y0), (x1, y1) = xy[id(s)], xy[key]
-                ax.annotate("", (x1, y1 + 0.2), (x0, y0 - 0.2),
+                ax.annotate("", (x1, y1 + bh / 2), (x0, y0 - bh / 2), zorder=1,
                             arrowprops=dict(arrowstyle="-|>", color="#777777", lw=0.7,
                                             shrinkA=0, shrinkB=0))
     for key, t in members.items():
@@ -87,16 +112,15 @@ def draw_graph(cgraph, ax=None, title=None):
                 if t.op == Op.MUL_MAT
                 else "#cfe2f3"
             )
-            text = f"#{index[key]} {op_name(t.op)}\n{t.name[:28]}"
         else:
             color = "#f4c7d4"
-            text = t.name[:28]
-        ax.add_patch(FancyBboxPatch((x - 0.46, y - 0.2), 0.92, 0.4,
+        ax.add_patch(FancyBboxPatch((x - bw / 2, y - bh / 2), bw, bh,
                                     boxstyle="round,pad=0.02", fc=color, ec="#444444",
-                                    lw=0.6))
-        ax.text(x, y, text, ha="center", va="center", fontsize=5.8, family="monospace")
+                                    lw=0.6, zorder=2))
+        ax.text(x, y, texts[key], ha="center", va="center", fontsize=fontsize,
+                family="monospace", zorder=3)
     if title:
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=fontsize + 1)
     return ax
 
 # %% book/08_alloc.ipynb #alloc-timeline-handovers-5c1e9a37
