@@ -2,8 +2,9 @@
 
     PYTHONPATH=. .venv/bin/python bench/profile_llama.py MODEL.gguf [--tokens 1] [--steps 20]
 
-Loads the model at 1 thread, evaluates a 64-token prompt, then times --steps reused decode steps
-of --tokens tokens (wall time per step). Then it sets the last graph's inputs and runs its compiled
+Loads the model at 1 thread, evaluates a 64-token prompt, then times --steps reused steps (wall
+time per step): decode steps of one token, or with --tokens N > 1 the first N tokens of the prompt
+evaluated again from position 0 (a prompt of N). Then it sets the last graph's inputs and runs its compiled
 program once more per step with a copy of graph_compute_thread that reads the time-stamp counter around every
 task, and prints the time per op kind (MUL_MAT by weight type and shape), the sum over tasks, and
 what is left of a step outside the tasks (the Python around the compute, the inputs, the logits).
@@ -65,15 +66,16 @@ def main():
     m = llama.load(args.model, n_ctx=256, n_threads=1, n_batch=64, progress=False)
     prompt = list(range(10, 74))
     m.eval(prompt, 0, logits_all=False)
-    n_past, n = 64, args.tokens
-    for _ in range(3):
-        m.eval(prompt[:n], n_past, logits_all=False)
-        n_past += n
+    n = args.tokens
+    # decode: each step one position further; a prompt (n > 1): evaluated again from 0
+    at = (lambda i: 64 + i) if n == 1 else (lambda i: 0)
+    for i in range(3):
+        m.eval(prompt[:n], at(i), logits_all=False)
     t0 = time.perf_counter()
-    for _ in range(args.steps):
-        m.eval(prompt[:n], n_past, logits_all=False)
-        n_past += n
+    for i in range(3, 3 + args.steps):
+        m.eval(prompt[:n], at(i), logits_all=False)
     step = (time.perf_counter() - t0) / args.steps
+    n_past = at(3 + args.steps)
     gf = m.runner.sched.splits[0].graph
     prepared = C._PREPARED[gf]
     native = prepared.native
@@ -82,7 +84,7 @@ def main():
     st[P.ABORT], st[P.STOPPED], st[P.N_BARRIER], st[P.N_THREADS], st[P.HAS_ABORT] = 0, 0, 0, 1, 0
     native.cplan = m.runner.backends[0].plan[4]
     for _ in range(args.steps):
-        m.last_graph.set_inputs(prompt[:n], n_past - n)    # the allocator reuses input memory
+        m.last_graph.set_inputs(prompt[:n], n_past)    # the allocator reuses input memory
         failed = _timed_program(native.prog, native.fp, st, native.owner, native.slot, ticks)
         if failed:
             raise SystemExit(f"task {failed - 1} failed: {native.errors}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
@@ -70,10 +71,20 @@ def vec_dot_bf16(n, x, y):
     return s
 
 # %% book/05_cpu_kernels.ipynb #kern-readers
-@njit(cache=True, nogil=True, error_model="numpy")
-def _h(b, o):
-    """The fp16 scale stored at bytes b[o], b[o+1], as float32 (one table load)."""
-    return _F16_TABLE[np.int32(b[o]) | (np.int32(b[o + 1]) << 8)]
+@intrinsic
+def _h(typingctx, b, o):
+    """The fp16 scale stored at bytes b[o], b[o+1], as float32: one half load widened
+    by the hardware (vcvtph2ps with F16C: ggml's GGML_CPU_FP16_TO_FP32 on x86), exact.
+    A lookup in the 256 KB fp16 table would push weights out of the L2 cache."""
+    if not (isinstance(b, types.Array) and b.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+        half = builder.load(builder.bitcast(ptr, ir.HalfType().as_pointer()), align=1)
+        return builder.fpext(half, ir.FloatType())
+    return types.float32(b, o), codegen
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
