@@ -93,19 +93,23 @@ def forward_get_rows(src0, src1, dst, ith=0, nth=1, src0_type=None):
                         f"is out of range [0, {a.shape[2]})")
 
 # %% book/05_cpu_kernels.ipynb #kern-setrows
-def _set_row(x, td, y):
-    """y = the float32 row x in y's type td: float32 copied, F16/BF16 rounded (uint16
-    bits), quantized blocks (uint8) through the type's quantize_row."""
+def _set_row(b, i, td, d, i1):
+    """Row i1 of the 3-D slice d = the float32 row i of the slice b, in d's type td:
+    float32 copied, F16/BF16 rounded (uint16 bits), quantized blocks (uint8) through the
+    type's quantize_row."""
 
 
-@overload(_set_row)
-def _set_row_impl(x, td, y):
-    if y.dtype == types.uint8:
-        return lambda x, td, y: quantize_row(td, x, y)
+# inline="always", and element by element where a row is short: a call, or a row view
+# (with its reference count), per row cost more than the row when a row is one element
+# (the V cache written transposed: one row per value)
+@overload(_set_row, inline="always")
+def _set_row_impl(b, i, td, d, i1):
+    if d.dtype == types.uint8:
+        return lambda b, i, td, d, i1: quantize_row(td, b[i], d[i1])
 
-    def store(x, td, y):
-        for k in range(x.shape[0]):
-            y[k] = st(x[k], td, y)
+    def store(b, i, td, d, i1):
+        for k in range(b.shape[1]):
+            d[i1, k] = st(b[i, k], td, d)
     return store
 
 
@@ -134,9 +138,9 @@ def _set_rows(b, idx, d, td, ith, nth):
     ir0, ir1 = get_thread_range(nr, ith, nth)
     for i03 in range(ne03):
         for i02 in range(ne02):
+            bs, ds, ix = b[i03, i02], d[i03, i02], idx[0, i03 % ne12, i02 % ne11]
             for i in range(ir0, ir1):
-                i1 = idx[0, i03 % ne12, i02 % ne11, i]
-                _set_row(b[i03, i02, i], td, d[i03, i02, i1])
+                _set_row(bs, i, td, ds, ix[i])
     return -1
 
 # %% book/05_cpu_kernels.ipynb #kern-setrows-api

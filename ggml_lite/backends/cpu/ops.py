@@ -229,22 +229,27 @@ def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_f
     # distance between the two of a pair
     off = 1 if mode == _ROPE_NORMAL else n_dims // 2
     ir0, ir1 = get_thread_range(ne1 * ne2 * ne3, ith, nth)
+    # ggml_rope_cache_init: the cos and sin of a position, once for all its heads
+    cos_k, sin_k = np.empty(n_dims // 2, np.float32), np.empty(n_dims // 2, np.float32)
+    cached = -1
     for ir in range(ir0, ir1):
         i3, rem = divmod(ir, ne2 * ne1)
         i2, i1 = divmod(rem, ne1)
+        if i3 * ne2 + i2 != cached:
+            cached = i3 * ne2 + i2
+            # theta_k = p * theta_scale**k, built by repeated float32 multiplication
+            theta = np.float32(pos[i2])
+            for k in range(n_dims // 2):
+                f = ff[k] if has_ff else np.float32(1.0)
+                cos_k[k], sin_k[k] = _rope_yarn(theta / f, freq_scale, low, high, 2 * k,
+                                                ext_factor, attn_factor)
+                theta *= theta_scale
         x, y = a[i3, i2, i1], d[i3, i2, i1]
-        # theta_k = p * theta_scale**k, built
-        theta = np.float32(pos[i2])
-        # by repeated float32 multiplication
-        for i0 in range(0, n_dims, 2):
-            f = ff[i0 // 2] if has_ff else np.float32(1.0)
-            c, s = _rope_yarn(theta / f, freq_scale, low, high, i0, ext_factor,
-                              attn_factor)
-            ic = i0 if mode == _ROPE_NORMAL else i0 // 2
-            x0, x1 = ld(x[ic], t), ld(x[ic + off], t)
+        for k in range(n_dims // 2):
+            ic = 2 * k if mode == _ROPE_NORMAL else k
+            c, s, x0, x1 = cos_k[k], sin_k[k], ld(x[ic], t), ld(x[ic + off], t)
             y[ic] = st(x0 * c - x1 * s, t, y)
             y[ic + off] = st(x0 * s + x1 * c, t, y)
-            theta *= theta_scale
         for i0 in range(n_dims, ne0):                       # the rest passes through
             y[i0] = x[i0]
 
