@@ -37,7 +37,8 @@ def backend_buft_alloc_buffer(buft, size):
         return buft.alloc_buffer(size)
     except MemoryError as e:
         _log.error(
-            "backend_buft_alloc_buffer: %s: failed to allocate a buffer of %d bytes: %s",
+            "backend_buft_alloc_buffer: %s: failed to allocate a buffer of %d bytes: "
+            "%s",
             buft.get_name(),
             size,
             e,
@@ -252,8 +253,10 @@ def backend_multi_buffer_set_usage(buffer, usage):
 
 # %% book/07a_backend_buffers.ipynb #backend-cpu-buffer
 class HostBuffer(BackendBuffer):
-    """A CPU buffer: host memory as a uint8 array; tensors live at base + offset. Other host
-    buffer types (CUDA's pinned memory) are this buffer with another free_buffer, as in ggml."""
+    """A CPU buffer: host memory as a uint8 array; tensors live at base + offset.
+
+    Other host buffer types (CUDA's pinned memory) are this buffer with another
+    free_buffer, as in ggml."""
 
     def __init__(self, buft, size, memory):
         super().__init__(buft, size)
@@ -349,10 +352,11 @@ def backend_cpu_buffer_type():
 
 
 def backend_cpu_buffer_from_ptr(ptr, size):
-    """ggml_backend_cpu_buffer_from_ptr: a "CPU_Mapped" buffer over the caller's memory, not copied.
+    """ggml_backend_cpu_buffer_from_ptr: a "CPU_Mapped" buffer over the caller's memory.
 
-    ptr: a writable numpy array or bytes-like object (ggml: void *), 32-byte aligned, C-contiguous,
-    of at least size bytes. The buffer keeps it alive; freeing the buffer does not free it.
+    Nothing is copied. ptr: a writable numpy array or bytes-like object (ggml: void *),
+    32-byte aligned, C-contiguous, of at least size bytes. The buffer keeps it alive;
+    freeing the buffer does not free it.
     """
     where = "backend_cpu_buffer_from_ptr"
     arr = as_bytes(

@@ -95,10 +95,11 @@ class BackendBufferType(ABC):
 
 # %% book/07a_backend_buffers.ipynb #iface-buffer
 class BackendBuffer(ABC):
-    """ggml_backend_buffer: one allocation of a buffer type. Attributes: buft, size, usage.
+    """ggml_backend_buffer: one allocation of a buffer type.
 
-    A buffer of host memory also has host_array(): a uint8 array over the whole buffer from its
-    base, what t.numpy() and the CPU kernels read through (ggml_lite's own member)."""
+    Attributes: buft, size, usage. A buffer of host memory also has host_array(): a
+    uint8 array over the whole buffer from its base, what t.numpy() and the CPU
+    kernels read through (ggml_lite's own member)."""
 
     def __init__(self, buft, size):
         self.buft = buft
@@ -146,7 +147,8 @@ class BackendBuffer(ABC):
 
     def __repr__(self):
         state = ", freed" if self._freed else ""
-        return f"<{self.buft.get_name()} buffer of {self.size} bytes, usage {self.usage.name}{state}>"
+        name, usage = self.buft.get_name(), self.usage.name
+        return f"<{name} buffer of {self.size} bytes, usage {usage}{state}>"
 
 # %% book/07a_backend_buffers.ipynb #iface-buffer-helpers
 def tensor_buffer(t):

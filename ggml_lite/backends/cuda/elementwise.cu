@@ -9,20 +9,29 @@
 #define CUDA_SCALE_BLOCK_SIZE 256
 #define CUDA_UNARY_BLOCK_SIZE 256
 
-static __device__ __forceinline__ float op_add(const float a, const float b) { return a + b; }
-static __device__ __forceinline__ float op_sub(const float a, const float b) { return a - b; }
-static __device__ __forceinline__ float op_mul(const float a, const float b) { return a * b; }
-static __device__ __forceinline__ float op_div(const float a, const float b) { return a / b; }
+static __device__ __forceinline__ float op_add(const float a, const float b) {
+    return a + b;
+}
+static __device__ __forceinline__ float op_sub(const float a, const float b) {
+    return a - b;
+}
+static __device__ __forceinline__ float op_mul(const float a, const float b) {
+    return a * b;
+}
+static __device__ __forceinline__ float op_div(const float a, const float b) {
+    return a / b;
+}
 
-// One thread per element of dst, unravelled over its four dimensions; src1 repeats by modulo
-// (ggml_can_repeat). Strides in floats; grid ceil(ne / 256), block 256.
+// One thread per element of dst, unravelled over its four dimensions; src1 repeats by
+// modulo (ggml_can_repeat). Strides in floats; grid ceil(ne / 256), block 256.
 template <float (*bin_op)(const float, const float)>
 static __device__ __forceinline__ void k_bin_bcast(
-        const float * src0, const float * src1, float * dst, const int64_t ne0, const int64_t ne1, const int64_t ne2,
-        const int64_t ne3, const int64_t ne10, const int64_t ne11, const int64_t ne12, const int64_t ne13,
-        const int64_t s0, const int64_t s1, const int64_t s2, const int64_t s3,
-        const int64_t s00, const int64_t s01, const int64_t s02, const int64_t s03,
-        const int64_t s10, const int64_t s11, const int64_t s12, const int64_t s13) {
+        const float * src0, const float * src1, float * dst, const int64_t ne0,
+        const int64_t ne1, const int64_t ne2, const int64_t ne3, const int64_t ne10,
+        const int64_t ne11, const int64_t ne12, const int64_t ne13, const int64_t s0,
+        const int64_t s1, const int64_t s2, const int64_t s3, const int64_t s00,
+        const int64_t s01, const int64_t s02, const int64_t s03, const int64_t s10,
+        const int64_t s11, const int64_t s12, const int64_t s13) {
     const int64_t i = (int64_t) blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= ne0 * ne1 * ne2 * ne3) {
         return;
@@ -32,26 +41,37 @@ static __device__ __forceinline__ void k_bin_bcast(
     const int64_t i1 = (i / ne0) % ne1;
     const int64_t i0 = i % ne0;
     const float a = src0[i3 * s03 + i2 * s02 + i1 * s01 + i0 * s00];
-    const float b = src1[(i3 % ne13) * s13 + (i2 % ne12) * s12 + (i1 % ne11) * s11 + (i0 % ne10) * s10];
+    const float b = src1[(i3 % ne13) * s13 + (i2 % ne12) * s12 + (i1 % ne11) * s11
+            + (i0 % ne10) * s10];
     dst[i3 * s3 + i2 * s2 + i1 * s1 + i0 * s0] = bin_op(a, b);
 }
 
-#define BIN_BCAST_ARGS                                                                                              \
-    const float * src0, const float * src1, float * dst, const int64_t ne0, const int64_t ne1, const int64_t ne2,   \
-    const int64_t ne3, const int64_t ne10, const int64_t ne11, const int64_t ne12, const int64_t ne13,              \
-    const int64_t s0, const int64_t s1, const int64_t s2, const int64_t s3,                                         \
-    const int64_t s00, const int64_t s01, const int64_t s02, const int64_t s03,                                     \
-    const int64_t s10, const int64_t s11, const int64_t s12, const int64_t s13
-#define BIN_BCAST_PASS src0, src1, dst, ne0, ne1, ne2, ne3, ne10, ne11, ne12, ne13, s0, s1, s2, s3, \
-    s00, s01, s02, s03, s10, s11, s12, s13
+#define BIN_BCAST_ARGS                                                                 \
+    const float * src0, const float * src1, float * dst, const int64_t ne0,            \
+    const int64_t ne1, const int64_t ne2, const int64_t ne3, const int64_t ne10,       \
+    const int64_t ne11, const int64_t ne12, const int64_t ne13, const int64_t s0,      \
+    const int64_t s1, const int64_t s2, const int64_t s3, const int64_t s00,           \
+    const int64_t s01, const int64_t s02, const int64_t s03, const int64_t s10,        \
+    const int64_t s11, const int64_t s12, const int64_t s13
+#define BIN_BCAST_PASS src0, src1, dst, ne0, ne1, ne2, ne3, ne10, ne11, ne12, ne13,    \
+    s0, s1, s2, s3, s00, s01, s02, s03, s10, s11, s12, s13
 
-extern "C" __global__ void add_f32(BIN_BCAST_ARGS) { k_bin_bcast<op_add>(BIN_BCAST_PASS); }
-extern "C" __global__ void sub_f32(BIN_BCAST_ARGS) { k_bin_bcast<op_sub>(BIN_BCAST_PASS); }
-extern "C" __global__ void mul_f32(BIN_BCAST_ARGS) { k_bin_bcast<op_mul>(BIN_BCAST_PASS); }
-extern "C" __global__ void div_f32(BIN_BCAST_ARGS) { k_bin_bcast<op_div>(BIN_BCAST_PASS); }
+extern "C" __global__ void add_f32(BIN_BCAST_ARGS) {
+    k_bin_bcast<op_add>(BIN_BCAST_PASS);
+}
+extern "C" __global__ void sub_f32(BIN_BCAST_ARGS) {
+    k_bin_bcast<op_sub>(BIN_BCAST_PASS);
+}
+extern "C" __global__ void mul_f32(BIN_BCAST_ARGS) {
+    k_bin_bcast<op_mul>(BIN_BCAST_PASS);
+}
+extern "C" __global__ void div_f32(BIN_BCAST_ARGS) {
+    k_bin_bcast<op_div>(BIN_BCAST_PASS);
+}
 
 // x * scale + bias over k contiguous floats
-extern "C" __global__ void scale_f32(const float * x, float * dst, const float scale, const float bias, const int64_t k) {
+extern "C" __global__ void scale_f32(const float * x, float * dst, const float scale,
+        const float bias, const int64_t k) {
     const int64_t i = (int64_t) blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= k) {
         return;
@@ -73,14 +93,21 @@ static __device__ __forceinline__ float op_gelu(float x) {
 
 template <typename T> static __device__ __forceinline__ float ld(const T * p);
 template <> __device__ __forceinline__ float ld<float>(const float * p) { return *p; }
-template <> __device__ __forceinline__ float ld<ggml_half>(const ggml_half * p) { return ggml_half_to_float(*p); }
+template <>
+__device__ __forceinline__ float ld<ggml_half>(const ggml_half * p) {
+    return ggml_half_to_float(*p);
+}
 template <typename T> static __device__ __forceinline__ void st(T * p, float x);
 template <> __device__ __forceinline__ void st<float>(float * p, float x) { *p = x; }
-template <> __device__ __forceinline__ void st<ggml_half>(ggml_half * p, float x) { *p = ggml_float_to_half(x); }
+template <>
+__device__ __forceinline__ void st<ggml_half>(ggml_half * p, float x) {
+    *p = ggml_float_to_half(x);
+}
 
 // over k contiguous values
 template <float (*op)(float), typename T>
-static __device__ __forceinline__ void unary_op_kernel(const T * x, T * dst, const int64_t k) {
+static __device__ __forceinline__ void unary_op_kernel(const T * x, T * dst,
+        const int64_t k) {
     const int64_t i = (int64_t) blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= k) {
         return;
@@ -88,11 +115,12 @@ static __device__ __forceinline__ void unary_op_kernel(const T * x, T * dst, con
     st(dst + i, op(ld(x + i)));
 }
 
-// dst[i] = op(x[j0]) * g[j1]: row i / n of x and g at strides o0 and o1, n values per row
-// (the two halves of one row of src0, or the rows of src0 and src1); dst contiguous
+// dst[i] = op(x[j0]) * g[j1]: row i / n of x and g at strides o0 and o1, n values per
+// row (the two halves of one row of src0, or the rows of src0 and src1); dst contiguous
 template <float (*op)(float), typename T>
 static __device__ __forceinline__ void unary_gated_op_kernel(
-        const T * x, const T * g, T * dst, const int64_t k, const int64_t n, const int64_t o0, const int64_t o1) {
+        const T * x, const T * g, T * dst, const int64_t k, const int64_t n,
+        const int64_t o0, const int64_t o1) {
     const int64_t i = (int64_t) blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= k) {
         return;
@@ -102,16 +130,27 @@ static __device__ __forceinline__ void unary_gated_op_kernel(
     st(dst + i, op(ld(x + j0)) * ld(g + j1));
 }
 
-extern "C" __global__ void silu_f32(const float * x, float * dst, const int64_t k) { unary_op_kernel<op_silu, float>(x, dst, k); }
-extern "C" __global__ void silu_f16(const ggml_half * x, ggml_half * dst, const int64_t k) { unary_op_kernel<op_silu, ggml_half>(x, dst, k); }
-extern "C" __global__ void gelu_f32(const float * x, float * dst, const int64_t k) { unary_op_kernel<op_gelu, float>(x, dst, k); }
-extern "C" __global__ void gelu_f16(const ggml_half * x, ggml_half * dst, const int64_t k) { unary_op_kernel<op_gelu, ggml_half>(x, dst, k); }
+extern "C" __global__ void silu_f32(const float * x, float * dst, const int64_t k) {
+    unary_op_kernel<op_silu, float>(x, dst, k);
+}
+extern "C" __global__ void silu_f16(const ggml_half * x, ggml_half * dst,
+        const int64_t k) {
+    unary_op_kernel<op_silu, ggml_half>(x, dst, k);
+}
+extern "C" __global__ void gelu_f32(const float * x, float * dst, const int64_t k) {
+    unary_op_kernel<op_gelu, float>(x, dst, k);
+}
+extern "C" __global__ void gelu_f16(const ggml_half * x, ggml_half * dst,
+        const int64_t k) {
+    unary_op_kernel<op_gelu, ggml_half>(x, dst, k);
+}
 
-extern "C" __global__ void swiglu_f32(const float * x, const float * g, float * dst, const int64_t k, const int64_t n,
-        const int64_t o0, const int64_t o1) {
+extern "C" __global__ void swiglu_f32(const float * x, const float * g, float * dst,
+        const int64_t k, const int64_t n, const int64_t o0, const int64_t o1) {
     unary_gated_op_kernel<op_silu, float>(x, g, dst, k, n, o0, o1);
 }
-extern "C" __global__ void swiglu_f16(const ggml_half * x, const ggml_half * g, ggml_half * dst, const int64_t k,
-        const int64_t n, const int64_t o0, const int64_t o1) {
+extern "C" __global__ void swiglu_f16(const ggml_half * x, const ggml_half * g,
+        ggml_half * dst, const int64_t k, const int64_t n, const int64_t o0,
+        const int64_t o1) {
     unary_gated_op_kernel<op_silu, ggml_half>(x, g, dst, k, n, o0, o1);
 }

@@ -2,8 +2,9 @@
 
 // %% book/11_cuda.ipynb #cu-getrows-cu-0
 // getrows.cu: rows of src0 picked by the int32 indices src1 (ggml-cuda/getrows.cu).
-// Grid x runs over the picked rows (i10, the largest grid dimension), y over the row's values,
-// z over (i11, i12); strides: dst s1..s3 in elements, src0 nb01..nb03 in bytes, src1 in int32s.
+// Grid x runs over the picked rows (i10, the largest grid dimension), y over the row's
+// values, z over (i11, i12); strides: dst s1..s3 in elements, src0 nb01..nb03 in bytes,
+// src1 in int32s.
 #include "common.cuh"
 
 #define CUDA_GET_ROWS_BLOCK_SIZE 256
@@ -11,28 +12,42 @@
 template <typename src0_t> static __device__ __forceinline__ float to_float(src0_t x);
 template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
 
-template <> __device__ __forceinline__ float to_float<ggml_half>(ggml_half x) { return ggml_half_to_float(x); }
-template <> __device__ __forceinline__ float to_float<bf16_t>(bf16_t x) { return ggml_bf16_to_float(x.bits); }
+template <>
+__device__ __forceinline__ float to_float<ggml_half>(ggml_half x) {
+    return ggml_half_to_float(x);
+}
+template <>
+__device__ __forceinline__ float to_float<bf16_t>(bf16_t x) {
+    return ggml_bf16_to_float(x.bits);
+}
 
-// float rows become F32; I32 rows are copied as integers (the exact, non-template overload wins)
-template <typename src0_t> static __device__ __forceinline__ float row_value(src0_t x) { return to_float<src0_t>(x); }
+// float rows become F32; I32 rows are copied as integers (the exact, non-template
+// overload wins)
+template <typename src0_t>
+static __device__ __forceinline__ float row_value(src0_t x) {
+    return to_float<src0_t>(x);
+}
 static __device__ __forceinline__ int32_t row_value(int32_t x) { return x; }
 
 // quantized rows: two values per thread, as dequantize_block does
-template <int qk, int qr, void (*dequantize_kernel)(const void *, const int64_t, const int, float &, float &)>
+template <int qk, int qr, void (*dequantize_kernel)(const void *, const int64_t,
+                                                    const int, float &, float &)>
 static __device__ __forceinline__ void k_get_rows(
-        const void * src0, const int32_t * src1, float * dst, const int64_t ne00, const int64_t ne11, const int64_t ne12,
-        const int64_t s1, const int64_t s2, const int64_t s3, const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const void * src0, const int32_t * src1, float * dst, const int64_t ne00,
+        const int64_t ne11, const int64_t ne12, const int64_t s1, const int64_t s2,
+        const int64_t s3, const int64_t nb01, const int64_t nb02, const int64_t nb03,
         const int64_t s10, const int64_t s11, const int64_t s12) {
     for (int64_t z = blockIdx.z; z < ne11 * ne12; z += gridDim.z) {
-        for (int64_t i00 = 2 * (blockIdx.y * blockDim.x + threadIdx.x); i00 < ne00; i00 += 2 * gridDim.y * blockDim.x) {
+        for (int64_t i00 = 2 * (blockIdx.y * blockDim.x + threadIdx.x); i00 < ne00;
+                i00 += 2 * gridDim.y * blockDim.x) {
             const int64_t i10 = blockIdx.x;
             const int64_t i11 = z / ne12;
             const int64_t i12 = z % ne12;
             const int64_t i01 = src1[i10 * s10 + i11 * s11 + i12 * s12];
 
             float * dst_row = dst + i10 * s1 + i11 * s2 + i12 * s3;
-            const void * src0_row = (const char *) src0 + i01 * nb01 + i11 * nb02 + i12 * nb03;
+            const void * src0_row = (const char *) src0 + i01 * nb01 + i11 * nb02
+                    + i12 * nb03;
 
             const int64_t ib   = i00 / qk;
             const int     iqs  = (i00 % qk) / qr;
@@ -50,46 +65,57 @@ static __device__ __forceinline__ void k_get_rows(
 // %% book/11_cuda.ipynb #cu-getrows-cu-1
 template <typename src0_t, typename dst_t>
 static __device__ __forceinline__ void k_get_rows_float(
-        const src0_t * src0, const int32_t * src1, dst_t * dst, const int64_t ne00, const int64_t ne11, const int64_t ne12,
-        const int64_t s1, const int64_t s2, const int64_t s3, const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const src0_t * src0, const int32_t * src1, dst_t * dst, const int64_t ne00,
+        const int64_t ne11, const int64_t ne12, const int64_t s1, const int64_t s2,
+        const int64_t s3, const int64_t nb01, const int64_t nb02, const int64_t nb03,
         const int64_t s10, const int64_t s11, const int64_t s12) {
     for (int64_t z = blockIdx.z; z < ne11 * ne12; z += gridDim.z) {
-        for (int64_t i00 = blockIdx.y * blockDim.x + threadIdx.x; i00 < ne00; i00 += gridDim.y * blockDim.x) {
+        for (int64_t i00 = blockIdx.y * blockDim.x + threadIdx.x; i00 < ne00;
+                i00 += gridDim.y * blockDim.x) {
             const int64_t i10 = blockIdx.x;
             const int64_t i11 = z / ne12;
             const int64_t i12 = z % ne12;
             const int64_t i01 = src1[i10 * s10 + i11 * s11 + i12 * s12];
 
             dst_t * dst_row = dst + i10 * s1 + i11 * s2 + i12 * s3;
-            const src0_t * src0_row = (const src0_t *) ((const char *) src0 + i01 * nb01 + i11 * nb02 + i12 * nb03);
+            const src0_t * src0_row = (const src0_t *) ((const char *) src0 + i01 * nb01
+                    + i11 * nb02 + i12 * nb03);
             dst_row[i00] = row_value(src0_row[i00]);
         }
     }
 }
 
-#define GET_ROWS_ARGS                                                                                              \
-    const int64_t ne00, const int64_t ne11, const int64_t ne12, const int64_t s1, const int64_t s2, const int64_t s3, \
-    const int64_t nb01, const int64_t nb02, const int64_t nb03, const int64_t s10, const int64_t s11, const int64_t s12
+#define GET_ROWS_ARGS                                                                  \
+    const int64_t ne00, const int64_t ne11, const int64_t ne12, const int64_t s1,      \
+    const int64_t s2, const int64_t s3, const int64_t nb01, const int64_t nb02,        \
+    const int64_t nb03, const int64_t s10, const int64_t s11, const int64_t s12
 #define GET_ROWS_PASS ne00, ne11, ne12, s1, s2, s3, nb01, nb02, nb03, s10, s11, s12
 
-extern "C" __global__ void get_rows_f32(const float * src0, const int32_t * src1, float * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_f32(const float * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
     k_get_rows_float<float, float>(src0, src1, dst, GET_ROWS_PASS);
 }
-extern "C" __global__ void get_rows_f16(const ggml_half * src0, const int32_t * src1, float * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_f16(const ggml_half * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
     k_get_rows_float<ggml_half, float>(src0, src1, dst, GET_ROWS_PASS);
 }
-extern "C" __global__ void get_rows_bf16(const bf16_t * src0, const int32_t * src1, float * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_bf16(const bf16_t * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
     k_get_rows_float<bf16_t, float>(src0, src1, dst, GET_ROWS_PASS);
 }
-extern "C" __global__ void get_rows_i32(const int32_t * src0, const int32_t * src1, int32_t * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_i32(const int32_t * src0, const int32_t * src1,
+        int32_t * dst, GET_ROWS_ARGS) {
     k_get_rows_float<int32_t, int32_t>(src0, src1, dst, GET_ROWS_PASS);
 }
-extern "C" __global__ void get_rows_q4_0(const void * src0, const int32_t * src1, float * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_q4_0(const void * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
     k_get_rows<QK4_0, QR4_0, dequantize_q4_0>(src0, src1, dst, GET_ROWS_PASS);
 }
-extern "C" __global__ void get_rows_q4_1(const void * src0, const int32_t * src1, float * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_q4_1(const void * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
     k_get_rows<QK4_1, QR4_1, dequantize_q4_1>(src0, src1, dst, GET_ROWS_PASS);
 }
-extern "C" __global__ void get_rows_q8_0(const void * src0, const int32_t * src1, float * dst, GET_ROWS_ARGS) {
+extern "C" __global__ void get_rows_q8_0(const void * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
     k_get_rows<QK8_0, QR8_0, dequantize_q8_0>(src0, src1, dst, GET_ROWS_PASS);
 }

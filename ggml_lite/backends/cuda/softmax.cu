@@ -2,13 +2,16 @@
 
 // %% book/11_cuda.ipynb #cu-softmax-cu-0
 // softmax.cu: SOFT_MAX with mask, scale, ALiBi slopes and sinks (ggml-cuda/softmax.cu).
-// One CUDA block per row: grid (ne01, ne02, ne03); block: the smallest power of 2 >= ncols
-// from 32 up to 1024. The row's values wait in dst between the passes (x and dst contiguous).
+// One CUDA block per row: grid (ne01, ne02, ne03); block: the smallest power of 2 >=
+// ncols from 32 up to 1024. The row's values wait in dst between the passes
+// (x and dst contiguous).
 #include "common.cuh"
 
-// ALiBi: head h's slope is m0^(h+1) for the first n_head_log2 heads, then m1^(2(h - n_head_log2) + 1)
+// ALiBi: head h's slope is m0^(h+1) for the first n_head_log2 heads, then
+// m1^(2(h - n_head_log2) + 1)
 static __device__ __forceinline__ float get_alibi_slope(
-        const float max_bias, const uint32_t h, const uint32_t n_head_log2, const float m0, const float m1) {
+        const float max_bias, const uint32_t h, const uint32_t n_head_log2,
+        const float m0, const float m1) {
     if (max_bias <= 0.0f) {
         return 1.0f;
     }
@@ -18,26 +21,36 @@ static __device__ __forceinline__ float get_alibi_slope(
 }
 
 template <typename T> static __device__ __forceinline__ float mask_value(const T * m);
-template <> __device__ __forceinline__ float mask_value<float>(const float * m) { return *m; }
-template <> __device__ __forceinline__ float mask_value<ggml_half>(const ggml_half * m) { return ggml_half_to_float(*m); }
+template <>
+__device__ __forceinline__ float mask_value<float>(const float * m) {
+    return *m;
+}
+template <>
+__device__ __forceinline__ float mask_value<ggml_half>(const ggml_half * m) {
+    return ggml_half_to_float(*m);
+}
 
 // %% book/11_cuda.ipynb #cu-softmax-cu-1
-// mask strides nb11..nb13 in bytes; the mask broadcasts over heads (ne12) and sequences (ne13)
+// mask strides nb11..nb13 in bytes; the mask broadcasts over heads (ne12) and sequences
+// (ne13)
 template <typename T>
 static __device__ __forceinline__ void soft_max_f32(
-        const float * x, const T * mask, const float * sinks, float * dst, const int ncols,
-        const int64_t nb11, const int64_t nb12, const int64_t nb13, const int64_t ne12, const int64_t ne13,
-        const float scale, const float max_bias, const uint32_t n_head_log2, const float m0, const float m1) {
+        const float * x, const T * mask, const float * sinks, float * dst,
+        const int ncols, const int64_t nb11, const int64_t nb12, const int64_t nb13,
+        const int64_t ne12, const int64_t ne13, const float scale, const float max_bias,
+        const uint32_t n_head_log2, const float m0, const float m1) {
     const int tid = threadIdx.x;
     const int64_t i03 = blockIdx.z;
     const int64_t i02 = blockIdx.y;
     const int64_t i01 = blockIdx.x;
-    const int64_t rowx = blockIdx.x + (int64_t) blockIdx.y * gridDim.x + (int64_t) blockIdx.z * gridDim.x * gridDim.y;
+    const int64_t rowx = blockIdx.x + (int64_t) blockIdx.y * gridDim.x
+            + (int64_t) blockIdx.z * gridDim.x * gridDim.y;
 
     x   += rowx * ncols;
     dst += rowx * ncols;
     if (mask != nullptr) {
-        mask = (const T *) ((const char *) mask + i01 * nb11 + (i02 % ne12) * nb12 + (i03 % ne13) * nb13);
+        mask = (const T *) ((const char *) mask + i01 * nb11 + (i02 % ne12) * nb12
+                + (i03 % ne13) * nb13);
     }
     const float slope = get_alibi_slope(max_bias, i02, n_head_log2, m0, m1);
 
@@ -45,7 +58,8 @@ static __device__ __forceinline__ void soft_max_f32(
     float * vals = dst;
     float max_val = sinks != nullptr ? sinks[i02] : -GGML_INFINITY;
     for (int col = tid; col < ncols; col += blockDim.x) {
-        const float val = x[col] * scale + (mask != nullptr ? slope * mask_value(mask + col) : 0.0f);
+        const float val = x[col] * scale
+                + (mask != nullptr ? slope * mask_value(mask + col) : 0.0f);
         vals[col] = val;
         max_val = fmaxf(max_val, val);
     }
@@ -67,12 +81,18 @@ static __device__ __forceinline__ void soft_max_f32(
     }
 }
 
-#define SOFT_MAX_ARGS(T)                                                                                        \
-    const float * x, const T * mask, const float * sinks, float * dst, const int ncols,                         \
-    const int64_t nb11, const int64_t nb12, const int64_t nb13, const int64_t ne12, const int64_t ne13,          \
-    const float scale, const float max_bias, const uint32_t n_head_log2, const float m0, const float m1
-#define SOFT_MAX_PASS x, mask, sinks, dst, ncols, nb11, nb12, nb13, ne12, ne13, scale, max_bias, n_head_log2, m0, m1
+#define SOFT_MAX_ARGS(T)                                                               \
+    const float * x, const T * mask, const float * sinks, float * dst,                 \
+    const int ncols, const int64_t nb11, const int64_t nb12, const int64_t nb13,       \
+    const int64_t ne12, const int64_t ne13, const float scale, const float max_bias,   \
+    const uint32_t n_head_log2, const float m0, const float m1
+#define SOFT_MAX_PASS x, mask, sinks, dst, ncols, nb11, nb12, nb13, ne12, ne13, scale, \
+    max_bias, n_head_log2, m0, m1
 
 // the mask's type picks the kernel; without a mask, pass a null pointer to either
-extern "C" __global__ void soft_max_f32_mask_f32(SOFT_MAX_ARGS(float)) { soft_max_f32<float>(SOFT_MAX_PASS); }
-extern "C" __global__ void soft_max_f32_mask_f16(SOFT_MAX_ARGS(ggml_half)) { soft_max_f32<ggml_half>(SOFT_MAX_PASS); }
+extern "C" __global__ void soft_max_f32_mask_f32(SOFT_MAX_ARGS(float)) {
+    soft_max_f32<float>(SOFT_MAX_PASS);
+}
+extern "C" __global__ void soft_max_f32_mask_f16(SOFT_MAX_ARGS(ggml_half)) {
+    soft_max_f32<ggml_half>(SOFT_MAX_PASS);
+}
