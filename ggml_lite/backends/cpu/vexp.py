@@ -101,7 +101,7 @@ def _expf_ir(builder, x):
     return builder.select(huge, builder.fmul(s1, s1),
                           builder.select(slow, scaled, fma(k, j, k)))
 
-
+# %% book/05_cpu_kernels.ipynb #kern-vexpf8-wrap
 def _f32x8_intrinsic(body):
     """A numba intrinsic Vec(float32 x 8) -> Vec(float32 x 8) whose IR body(builder, x)
     emits."""
@@ -123,7 +123,7 @@ def _silu_ir(builder, x):
 # v_expf8(v), v_silu8(v): eight lanes at once, ggml_v_expf's and ggml_v_silu's bits
 v_expf8, v_silu8 = _f32x8_intrinsic(_expf_ir), _f32x8_intrinsic(_silu_ir)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-vexpf8-rows
 @intrinsic
 def _vptr8(typingctx, x, i, v):
     """With v None: x[i:i+8] loaded as Vec(float32 x 8); else v stored there. One
