@@ -5,6 +5,7 @@ __all__ = ['backend_tensor_set', 'backend_tensor_get', 'backend_tensor_memset', 
 
 # %% book/07b_backend_streams.ipynb #backend-imports
 import logging
+import math
 
 import numpy as np
 
@@ -120,9 +121,11 @@ def _check_dtype(t, data, where):
     require(
         want is not None and data.dtype == want,
         where,
-        f"data is {data.dtype}, tensor '{t.name}' holds {type_name(t.type)} "
-        f"({want if want is not None else 'no numpy dtype'}); convert it first "
-        f"(astype, or quantize_chunk for a quantized type)",
+        lambda: (
+            f"data is {data.dtype}, tensor '{t.name}' holds {type_name(t.type)} "
+            f"({want if want is not None else 'no numpy dtype'}); convert it first "
+            f"(astype, or quantize_chunk for a quantized type)"
+        ),
     )
 
 # %% book/07b_backend_streams.ipynb #backend-bytes
@@ -234,12 +237,14 @@ def backend_tensor_copy(src, dst):
 # %% book/07b_backend_streams.ipynb #backend-values-helpers
 def _set_values(t, data, where):
     dtype, shape, strides = _host_layout(t, where)
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     require(
         data.size == count,
         where,
-        f"data has {data.size} elements (shape {data.shape}), tensor "
-        f"'{t.name}' has {count} (t.numpy() shape {shape})",
+        lambda: (
+            f"data has {data.size} elements (shape {data.shape}), tensor "
+            f"'{t.name}' has {count} (t.numpy() shape {shape})"
+        ),
     )
     n = nbytes(t)
     if n == 0:
