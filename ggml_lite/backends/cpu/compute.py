@@ -60,7 +60,7 @@ class CPlan:
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
 
-
+# %% book/06_cpu_compute.ipynb #8715f6de
 def _computes(node):
     """Nodes the CPU runs: marked COMPUTE by build_forward_expand, and not a view op."""
     return bool(node.flags & TensorFlag.COMPUTE) and not op_is_empty(node.op)
@@ -106,7 +106,7 @@ def _n_workers(node, n_threads, min_work):
     work = nelements(node) * (node.src[0].ne[0] if node.op == Op.MUL_MAT else 1)
     return n_threads if work >= min_work else 1
 
-
+# %% book/06_cpu_compute.ipynb #04e9a0be
 def _make_tasks(cgraph, cplan, p):
     """Every node checked against the kernel table first, then its kernel calls prepared
     (p: the Preparing whose views they use, kept for lowering the same tasks)."""
@@ -124,7 +124,7 @@ def _make_tasks(cgraph, cplan, p):
         tasks += [_Task(run, nth, node, i) for run in (runs if isinstance(runs, tuple) else (runs,))]
     return tasks, owners
 
-
+# %% book/06_cpu_compute.ipynb #2f60779d
 def _compute_thread(tasks, tp, cplan, ith):
     """ggml_graph_compute_thread: every thread walks every task; barriers where threads meet."""
     shared_before = False
@@ -164,7 +164,7 @@ def _default_pool(n_threads):
         _DEFAULT_POOLS[n_threads] = Threadpool(n_threads)
     return _DEFAULT_POOLS[n_threads]
 
-
+# %% book/06_cpu_compute.ipynb #5d35690c
 # cgraph -> _Prepared, the tasks of its last compute
 _PREPARED = weakref.WeakKeyDictionary()
 
@@ -223,7 +223,7 @@ def graph_compute(cgraph, cplan):
     traced or cplan.python_loop is set."""
     return _compute(cgraph, cplan, _PREPARED.get(cgraph), False)
 
-
+# %% book/06_cpu_compute.ipynb #4c5bf0b2
 def _compute(cgraph, cplan, prepared, unchanged):
     """graph_compute with the graph's _Prepared (or None), and whether the caller has
     just seen the graph unchanged since it was prepared (then only the plan's fields are
@@ -250,7 +250,7 @@ def _compute(cgraph, cplan, prepared, unchanged):
         tp.run(lambda ith: _compute_thread(tasks, tp, cplan, ith))
     return Status.ABORTED if cplan.aborted_at is not None else Status.SUCCESS
 
-
+# %% book/06_cpu_compute.ipynb #5d6beb1e
 def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
     """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool, compute.
     The plan of the graph's last compute here is taken again when the graph is unchanged

@@ -47,7 +47,7 @@ class Preparing:
             self._views[id(t)] = t.numpy()
         return self._views[id(t)]
 
-
+# %% book/06_cpu_compute.ipynb #25cfd5ca
 def _scratch_rows(wdata, n, n_threads):
     """Thread ith's float32 scratch row of n in the work buffer, a cache line apart
     (ggml's wdata + ith*(n + CACHE_LINE_SIZE_F32)); None where the plan reserved
@@ -58,7 +58,7 @@ def _scratch_rows(wdata, n, n_threads):
     return [wdata[i * stride:i * stride + 4 * n].view(np.float32)
             for i in range(n_threads)]
 
-
+# %% book/06_cpu_compute.ipynb #74b5e050
 def _binary(f):
     def prepare(node, p):
         a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
@@ -174,7 +174,7 @@ def _ld(x):
     return [x.strides[2] // x.itemsize, x.strides[1] // x.itemsize,
             x.strides[0] // x.itemsize]
 
-
+# %% book/06_cpu_compute.ipynb #a8f92c14
 def mul_mat_sgemm(node, a, b, d, wdata, nth):
     """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05),
     decided before any thread runs (they depend on types, shapes and nth only): first
@@ -245,7 +245,7 @@ _QUANTIZED = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K,
 _TO_FLOAT = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
 _INTEGER = (Type.I8, Type.I16, Type.I32)
 
-
+# %% book/06_cpu_compute.ipynb #c250b869
 def _names(types):
     return "/".join(Type(t).name for t in types)
 
@@ -264,7 +264,7 @@ def _supports_binary(node):
         "types (src0, src1, dst) must be one of " + ", ".join(f"({_names(t)})".replace("/", ", ")
                                                              for t in sorted(BINARY_TYPES))
 
-
+# %% book/06_cpu_compute.ipynb #0341e344
 def _supports_dup(node):
     ts, td, dst = node.src[0].type, node.type, node
     if ts == td and ts not in _INTEGER:
