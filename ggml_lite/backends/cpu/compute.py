@@ -7,7 +7,8 @@ __all__ = ['DEFAULT_N_THREADS', 'get_n_tasks', 'MIN_WORK_PER_NODE', 'CPlan', 'gr
 import numpy as np
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.table import CACHE_LINE_SIZE, CPU_KERNELS, Preparing, cpu_check_node, cpu_kernel, op_is_empty
+from ggml_lite.backends.cpu.table import (CACHE_LINE_SIZE, CPU_KERNELS, Preparing,
+                                          cpu_check_node, cpu_kernel, op_is_empty)
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import Op
 from ggml_lite.tensor import TensorFlag, get_op_params_f32, is_empty, nelements, nrows
@@ -102,7 +103,8 @@ class _Task:
 
 
 def _n_workers(node, n_threads, min_work):
-    """Threads a node gets: all of the plan's (as in ggml), or one when it is too small to share."""
+    """Threads a node gets: all of the plan's (as in ggml), or one when it is too small
+    to share."""
     work = nelements(node) * (node.src[0].ne[0] if node.op == Op.MUL_MAT else 1)
     return n_threads if work >= min_work else 1
 
@@ -110,7 +112,8 @@ def _n_workers(node, n_threads, min_work):
 def _make_tasks(cgraph, cplan, p):
     """Every node checked against the kernel table first, then its kernel calls prepared
     (p: the Preparing whose views they use, kept for lowering the same tasks)."""
-    kernels = [(i, node, cpu_check_node(node, i)) for i, node in enumerate(cgraph.nodes) if _computes(node)]
+    kernels = [(i, node, cpu_check_node(node, i)) for i, node in enumerate(cgraph.nodes)
+               if _computes(node)]
     tasks, owners = [], {}
     for i, node, kernel in kernels:
         if is_empty(node):
@@ -121,12 +124,14 @@ def _make_tasks(cgraph, cplan, p):
             nchunk0, nchunk1, _, _ = V.mul_mat_chunks(node.ne[0], nrows(node), nth)
             p.owner = owners[i] = np.full(nchunk0 * nchunk1, -1, np.int32)
         runs = kernel.prepare(node, p)
-        tasks += [_Task(run, nth, node, i) for run in (runs if isinstance(runs, tuple) else (runs,))]
+        tasks += [_Task(run, nth, node, i)
+                  for run in (runs if isinstance(runs, tuple) else (runs,))]
     return tasks, owners
 
 # %% book/06_cpu_compute.ipynb #2f60779d
 def _compute_thread(tasks, tp, cplan, ith):
-    """ggml_graph_compute_thread: every thread walks every task; barriers where threads meet."""
+    """ggml_graph_compute_thread: every thread walks every task; barriers where threads
+    meet."""
     shared_before = False
     trace = cplan.trace
     for task in tasks:
@@ -140,11 +145,13 @@ def _compute_thread(tasks, tp, cplan, ith):
             try:
                 task.run(ith, task.nth)
             except Exception as e:
-                raise GGMLError(f"graph_compute: node {task.index} '{task.node.name}' ({task.node.op.name}) "
-                                f"failed on thread {ith}: {type(e).__name__}: {e}") from e
+                raise GGMLError(f"graph_compute: node {task.index} '{task.node.name}' "
+                                f"({task.node.op.name}) failed on thread {ith}: "
+                                f"{type(e).__name__}: {e}") from e
             if trace is not None:
                 trace.append((ith, task.index, t0, time.perf_counter()))
-        if ith == 0 and cplan.abort_callback is not None and cplan.abort_callback(cplan.abort_callback_data):
+        if (ith == 0 and cplan.abort_callback is not None
+                and cplan.abort_callback(cplan.abort_callback_data)):
             cplan.aborted_at = task.index + 1
             tp.stop()
             return
@@ -230,7 +237,8 @@ def _compute(cgraph, cplan, prepared, unchanged):
     compared)."""
     # a tensor whose memory is gone is refused
     graph_check_alive(cgraph, "graph_compute")
-    if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
+    if cplan.work_size > 0 and (cplan.work_data is None
+                                or cplan.work_data.nbytes < cplan.work_size):
         have = 0 if cplan.work_data is None else cplan.work_data.nbytes
         raise GGMLError(f"graph_compute: GGML_ASSERT(cplan->work_size == 0 || "
                         f"cplan->work_data != NULL) "
@@ -240,7 +248,8 @@ def _compute(cgraph, cplan, prepared, unchanged):
     if tp.n_threads < cplan.n_threads:
         raise GGMLError(f"graph_compute: the threadpool has {tp.n_threads} threads, "
                         f"the plan needs {cplan.n_threads}")
-    if prepared is None or not (prepared.same_plan(cplan) if unchanged else prepared.fits(cgraph, cplan)):
+    if prepared is None or not (prepared.same_plan(cplan) if unchanged
+                                else prepared.fits(cgraph, cplan)):
         prepared = _PREPARED[cgraph] = _Prepared(cgraph, cplan)
     tasks, cplan.chunk_owners = prepared.tasks, prepared.chunk_owners
     cplan.aborted_at = None

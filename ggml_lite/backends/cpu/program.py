@@ -9,7 +9,8 @@ from numba import njit
 
 # %% book/06_cpu_compute.ipynb #native-barrier
 # The state every worker of one program shares: int64 slots, each on its own cache line.
-N_BARRIER, N_BARRIER_PASSED, ABORT, CURRENT_CHUNK, N_THREADS, HAS_ABORT, STOPPED = 0, 8, 16, 24, 32, 40, 48
+(N_BARRIER, N_BARRIER_PASSED, ABORT, CURRENT_CHUNK, N_THREADS, HAS_ABORT,
+ STOPPED) = 0, 8, 16, 24, 32, 40, 48
 STATE_SIZE = 56
 SPINS_BEFORE_YIELD = 1 << 12
 
