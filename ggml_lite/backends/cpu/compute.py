@@ -422,7 +422,7 @@ def _sgemm_q0_task(prog_addr, rows, k, state_addr, ith, nth):
                      prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
     return 0
 
-
+# %% book/92_making_python_fast.ipynb #914a3762
 @cache
 def _sgemm_q0_task_address():
     """The address of _sgemm_q0_task compiled as a C function (numba cfunc), made on
@@ -431,7 +431,7 @@ def _sgemm_q0_task_address():
     return cfunc(sig, cache=True, nogil=True,
                  error_model="numpy")(_sgemm_q0_task).address
 
-
+# %% book/92_making_python_fast.ipynb #41fcff90
 def mul_mat_src1_row(vdt, convert, d, a, b, w4):
     """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer
     (w4) when convert, then the chunk counter set to the thread count (also used by
@@ -440,7 +440,7 @@ def mul_mat_src1_row(vdt, convert, d, a, b, w4):
             [int(vdt) if convert else -1, row_size(vdt, b.shape[3]), blck_size(vdt),
              type_size(vdt)], (d, a, b, w4), ())
 
-
+# %% book/92_making_python_fast.ipynb #da6e319a
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
     kernel = cpu_kernel(node)
