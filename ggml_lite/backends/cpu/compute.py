@@ -279,7 +279,7 @@ def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
 
 # %% book/92_making_python_fast.ipynb #native-lower
 from ggml_lite.backends.cpu import program as P
-from ggml_lite.backends.cpu.table import mul_mat_sgemm
+from ggml_lite.backends.cpu.sgemm import mul_mat_sgemm
 
 _BINARY_CODE = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}    # the kernels' op ids
 _NORM_KIND = {Op.RMS_NORM: P.TASK_RMS_NORM, Op.NORM: P.TASK_NORM}

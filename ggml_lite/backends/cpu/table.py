@@ -161,57 +161,11 @@ def _prepare_concat(node, p):
                     get_op_params_i32(node, 0))
     return lambda ith, nth: forward_concat(a, b, d, dim, ith, nth)
 
-# %% book/06_cpu_compute.ipynb #304eee36
-from ggml_lite.backends.cpu import sgemm as S
-
-
-def _flat(x):
-    """The memory of the strided array x from its first element to its last, as a 1-D
-    array."""
-    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize
-    return np.lib.stride_tricks.as_strided(x, (span,), (x.itemsize,))
-
-
-def _ld(x):
-    """x's row and plane strides in elements (ne3 first in numpy: strides[2], [1],
-    [0])."""
-    return [x.strides[2] // x.itemsize, x.strides[1] // x.itemsize,
-            x.strides[0] // x.itemsize]
-
-# %% book/06_cpu_compute.ipynb #a8f92c14
-def mul_mat_sgemm(node, a, b, d, wdata, nth):
-    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05),
-    decided before any thread runs (they depend on types, shapes and nth only): first
-    on src1 as it is when it is contiguous, then, for an F16 or Q8_0 weight, on src1
-    converted to its vec_dot_type in wdata. None when both decline (the chunk loop
-    computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for S.gemm_planes
-    (rn 0: Q8_0, for S.gemm_q0_planes; k in blocks, strides in bytes); convert:
-    first."""
-    t, tb = node.src[0].type, node.src[1].type
-    if (t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4
-            or a.strides[3] != a.itemsize):
-        return None
-    (ne03, ne02, ne01, ne00), (ne13, ne12, ne11, ne10) = a.shape, b.shape
-    q8 = t == Type.Q8_0
-    m, n, k, conv = ne01, ne11, ne10 // 32 if q8 else ne00, False
-    plan = S.llamafile_sgemm_plan(m, n, k, nth, t, tb) if b.flags.c_contiguous else None
-    vdt = Type.Q8_0 if q8 else Type.F16
-    # second try: src1 converted to the weight's vec_dot_type in wdata
-    if plan is None and t != Type.F32 and tb == Type.F32 and wdata is not None:
-        plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, vdt), True
-        if q8:
-            rs = k * S.Q8_0_BYTES
-            b = wdata[:ne13 * ne12 * ne11 * rs].reshape(ne13, ne12, ne11, rs)
-        else:
-            b = wdata[:2 * b.size].view(np.uint16).reshape(b.shape)
-    if plan is None:
-        return None
-    a, b = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (a, b))
-    ld = np.array(_ld(a) + _ld(b) + _ld(d) + [ne12 // ne02, ne13 // ne03, ne12, ne13],
-                  np.int64)
-    return conv, _flat(a), _flat(b), _flat(d), ld, m, n, k, *plan
-
 # %% book/06_cpu_compute.ipynb #840aed45
+from ggml_lite.backends.cpu import sgemm as S
+from ggml_lite.backends.cpu.sgemm import mul_mat_sgemm
+
+
 def _prepare_mul_mat(node, p):
     """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's
     sgemm when it takes the node (mul_mat_sgemm), else the chunk loop."""
