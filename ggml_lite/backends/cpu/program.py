@@ -435,8 +435,8 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
     if (kind == TASK_BINARY or kind == TASK_SCALE or kind == TASK_RMS_NORM
             or kind == TASK_NORM):
         _elementwise_task(prog, fp, k, ith, nth)
-    elif (kind == TASK_MUL_MAT_SRC1 or kind == TASK_MUL_MAT_Q
-          or kind == TASK_MUL_MAT_F32 or kind == TASK_MUL_MAT_F16 or kind == TASK_SGEMM):
+    elif (kind == TASK_MUL_MAT_SRC1 or kind == TASK_MUL_MAT_Q or kind == TASK_SGEMM
+          or kind == TASK_MUL_MAT_F32 or kind == TASK_MUL_MAT_F16):
         _mul_mat_task(prog, k, state, owner, ith, nth)
     elif kind == TASK_GET_ROWS:
         if _get_rows_task(prog, k, ith, nth) >= 0:
