@@ -27,7 +27,8 @@ from ggml_lite.tensor import (init, new_tensor_1d, new_tensor_2d, set_name,
                               tensor_overhead)
 from ggml_lite.types import Type, type_name
 
-# the chapter's other modules (LlamaHParams is also ggml_lite.llama.LlamaHParams)
+# the chapter's other modules (LlamaHParams, LlamaGraph and build_graph are also
+# names of ggml_lite.llama)
 from ggml_lite.llama.buft import llama_weight_buft
 from ggml_lite.llama.file import (
     LLAMA_INT, LLAMA_STR, LlamaHParams, llama_check_tensor, llama_check_tensor_names,
