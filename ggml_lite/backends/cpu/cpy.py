@@ -112,7 +112,7 @@ def _set_row_impl(b, i, td, d, i1):
             d[i1, k] = st(b[i, k], td, d)
     return store
 
-
+# %% book/05_cpu_kernels.ipynb #0031146a
 @njit(cache=True, nogil=True, error_model="numpy")
 def _bad_row_index(idx, ne1):
     """The flat position (i12, i11, i10) of the first index outside [0, ne1), or -1."""
@@ -203,7 +203,7 @@ def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
                 i2, i3 = 0, i3 + 1
     return i0, i1, i2, i3
 
-
+# %% book/05_cpu_kernels.ipynb #05a3cf19
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_flt(a, ta, d, td, same, ith, nth):
     """Element by element, in the logical (row-major) order of a into that of d,

@@ -350,7 +350,7 @@ def _concat(a, b, d, dim, ith, nth):
                     else:
                         d[i3, i2, i1, i0] = b[i3 - o3, i2 - o2, i1 - o1, i0 - o0]
 
-
+# %% book/05_cpu_kernels.ipynb #f0a674dc
 _CONCAT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int8),
                   np.dtype(np.int16),
                   np.dtype(np.int32))
@@ -396,7 +396,7 @@ def _sum(a, t, d):
                     total32 += row
     d[0, 0, 0, 0] = st(np.float32(total) if t == _F32 else total32, t, d)
 
-
+# %% book/05_cpu_kernels.ipynb #9906dde4
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sum_rows(a, d, mean):
     ne3, ne2, ne1, ne0 = a.shape

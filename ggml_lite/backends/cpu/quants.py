@@ -42,7 +42,7 @@ def dequantize_row(t, x, y):
     else:
         dequantize_row_q8_K(x, y)
 
-
+# %% book/05_cpu_kernels.ipynb #12781ff5
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row(t, x, y):
     """type t's from_float on the CPU: float32 x -> uint8 blocks y. The types chapter's
@@ -63,7 +63,7 @@ def quantize_row(t, x, y):
     else:
         quantize_row_q8_K_ref(x, y)
 
-
+# %% book/05_cpu_kernels.ipynb #0b81dcc7
 def storage_any(a, t, where):
     """Like storage, but a uint8 array holds the blocks of the quantized type t."""
     if t is not None and int(t) in QUANTIZED:

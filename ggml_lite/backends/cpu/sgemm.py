@@ -110,7 +110,7 @@ def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
                 jj += rn - 1
     return ytiles * nb_bn
 
-
+# %% book/05_cpu_kernels.ipynb #c72c543e
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
     """tinyBLAS::gemm<4, rn, bm>: C (n rows of m) = B (n rows of k) times A (m rows of k)

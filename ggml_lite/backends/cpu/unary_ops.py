@@ -48,7 +48,7 @@ _GELU_F16 = _fp16_table(lambda x: np.float32(0.5) * x * (np.float32(1.0) + _tanh
 _GELU_QUICK_F16 = _fp16_table(lambda x: x * (np.float32(1.0) / (np.float32(1.0)
                                                                 + _expf(_GELU_QUICK_COEF * x))))
 
-
+# %% book/05_cpu_kernels.ipynb #95f7932d
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_f32(x):
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: x <= -10 -> 0, x >= 10 -> x, otherwise the
@@ -279,7 +279,7 @@ def _glu_f32(op, x, g, alpha, limit):
     y = min(max(g, -limit), limit)
     return x / (np.float32(1.0) + np.exp(alpha * (-x))) * (y + np.float32(1.0))
 
-
+# %% book/05_cpu_kernels.ipynb #a236002b
 def _glu_at(op, xv, g, alpha, limit):
     """The GLU of one stored gate element xv (float32, or fp16 bits) and the float32
     value g."""
@@ -301,7 +301,7 @@ def _glu_at_impl(op, xv, g, alpha, limit):
         return _glu_f32(op, table_f32_f16[xv], g, alpha, limit)
     return f16
 
-
+# %% book/05_cpu_kernels.ipynb #039609bf
 @njit(cache=True, nogil=True, error_model="numpy")
 def _glu(op, a, b, d, offa, offb, t, alpha, limit, ith, nth):
     ne3, ne2, ne1, nc = d.shape
@@ -326,7 +326,7 @@ def glu_types(op):
     dst)."""
     return (Type.F32,) if op == GluOp.SWIGLU_OAI else (Type.F32, Type.F16)
 
-
+# %% book/05_cpu_kernels.ipynb #55c4b099
 def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
     """forward_glu's checks, made once: the arguments of the row loop _glu before (ith,
     nth)."""
@@ -350,7 +350,7 @@ def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
     offa, offb = (0, 0) if src1 is not None else ((nc, 0) if swapped else (0, nc))
     return int(op), a, b, d, offa, offb, ta, np.float32(alpha), np.float32(limit)
 
-
+# %% book/05_cpu_kernels.ipynb #1ea0b901
 def forward_glu(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0, ith=0,
                 nth=1):
     """ggml_compute_forward_glu: dst = act(gate) * value for the GluOp op. Split (src1

@@ -119,7 +119,7 @@ def vec_dot_q4_0_q8_0(n, x, y):
         acc += vfloat(sumi) * (_h(x, xo) * _h(y, yo))
     return vsum(acc)
 
-
+# %% book/05_cpu_kernels.ipynb #07afe227
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_1_q8_1(n, x, y):
     """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s,
@@ -301,7 +301,7 @@ def _mm_src1(vdt, b, w, rs, bs, ts, ith, nth):
                 else:
                     _quantize_row(vdt, x, y)
 
-
+# %% book/05_cpu_kernels.ipynb #8ef8f9d4
 def _needs_conversion(src0_type, src1):
     vdt = get_type_traits(Type(src0_type)).vec_dot_type
     return not (vdt in _FLOAT_DTYPE and src1.dtype == _FLOAT_DTYPE[vdt])

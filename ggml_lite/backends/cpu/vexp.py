@@ -23,7 +23,7 @@ def _fmaf(typingctx, a, b, c):
         return builder.call(f, list(args))
     return types.float32(a, b, c), codegen
 
-
+# %% book/05_cpu_kernels.ipynb #878c30f7
 @intrinsic
 def _bits(typingctx, x):
     """The bits of a float32 as an int32 (_mm256_castps_si256), or of an int32 as a float32."""
@@ -35,7 +35,7 @@ def _bits(typingctx, x):
         return builder.bitcast(args[0], context.get_value_type(out))
     return out(x), codegen
 
-
+# %% book/05_cpu_kernels.ipynb #adbff428
 _E_R, _E_LOG2E = np.float32(float.fromhex("0x1.8p23")), np.float32(float.fromhex("0x1.715476p+0"))
 _E_LN2_HI, _E_LN2_LO = np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20"))
 _E_P = tuple(np.float32(float.fromhex(h)) for h in
