@@ -19,7 +19,8 @@ from ggml_lite.types import (Type, dequantize_row_q4_0, dequantize_row_q4_1,
                              quantize_row_q8_K_ref, type_name)
 
 # %% book/05_cpu_kernels.ipynb #kern-quantrows
-_Q4_0, _Q4_1, _Q8_0, _Q8_1 = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q8_0), int(Type.Q8_1)
+_Q4_0, _Q4_1 = int(Type.Q4_0), int(Type.Q4_1)
+_Q8_0, _Q8_1 = int(Type.Q8_0), int(Type.Q8_1)
 _Q4_K, _Q6_K, _Q8_K = int(Type.Q4_K), int(Type.Q6_K), int(Type.Q8_K)
 QUANTIZED = (_Q4_0, _Q4_1, _Q8_0, _Q8_1, _Q4_K, _Q6_K, _Q8_K)
 

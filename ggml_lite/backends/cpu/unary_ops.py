@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ggml_lite.backends.cpu.common import check_4d, get_thread_range, ld, ne_of, st, storage, table_f32_f16
+from ggml_lite.backends.cpu.common import (
+    check_4d, get_thread_range, ld, ne_of, st, storage, table_f32_f16)
 from ggml_lite.backends.cpu.vexp import v_silu8, vput8, vrow8
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import GluOp, UnaryOp
@@ -45,8 +46,8 @@ _tanhf, _expf = _libm_f32(np.tanh), _libm_f32(np.exp)
 _GELU_F16 = _fp16_table(lambda x: np.float32(0.5) * x * (np.float32(1.0) + _tanhf(
     _SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x))))
 # ggml_gelu_quick_f32
-_GELU_QUICK_F16 = _fp16_table(lambda x: x * (np.float32(1.0) / (np.float32(1.0)
-                                                                + _expf(_GELU_QUICK_COEF * x))))
+_GELU_QUICK_F16 = _fp16_table(
+    lambda x: x * (np.float32(1.0) / (np.float32(1.0) + _expf(_GELU_QUICK_COEF * x))))
 
 # %% book/05_cpu_kernels.ipynb #95f7932d
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -220,7 +221,8 @@ def forward_gelu(src0, dst, ith=0, nth=1):
 
 # %% book/05_cpu_kernels.ipynb #kern-by8
 def _silu_by_8(x, y, n):
-    """ggml_vec_silu_f32's eights: y[:8k] = v_silu8(x[:8k]) when both rows are F32; 8k."""
+    """ggml_vec_silu_f32's eights: y[:8k] = v_silu8(x[:8k]) when both rows are F32;
+    returns 8k."""
 
 
 @overload(_silu_by_8, inline="always")
@@ -256,7 +258,8 @@ def _glu_by_8_impl(op, x, g, y, offa, offb, nc):
 
 # %% book/05_cpu_kernels.ipynb #kern-swiglu
 # enum ggml_glu_op as plain ints for the compiled code
-_REGLU, _GEGLU, _SWIGLU, _SWIGLU_OAI, _GEGLU_ERF, _GEGLU_QUICK = (int(g) for g in GluOp if g != GluOp.COUNT)
+_REGLU, _GEGLU, _SWIGLU, _SWIGLU_OAI, _GEGLU_ERF, _GEGLU_QUICK = (
+    int(g) for g in GluOp if g != GluOp.COUNT)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -270,7 +273,8 @@ def _glu_f32(op, x, g, alpha, limit):
     if op == _REGLU:
         return x * g if x > np.float32(0.0) else np.float32(0.0)
     if op == _GEGLU_ERF:
-        return np.float32(0.5) * x * (np.float32(1.0) + np.float32(math.erf(x * _SQRT_2_INV))) * g
+        erf = np.float32(math.erf(x * _SQRT_2_INV))
+        return np.float32(0.5) * x * (np.float32(1.0) + erf) * g
     # GGML_GELU_QUICK_FP16: the table at fp16(x)
     if op == _GEGLU_QUICK:
         return _gelu_quick_f32(x) * g
