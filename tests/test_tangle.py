@@ -162,3 +162,21 @@ def test_orphan_source_file_is_caught(book):
 def test_bad_source_cells_are_refused(book, text):
     with pytest.raises(tangle.TangleError, match="export"):
         _add_markdown(book, [("bad", text)])
+
+
+def test_a_write_drops_the_package_numba_caches(book, monkeypatch):
+    """A cached kernel keeps the code of the functions it calls from other modules: after a
+    module changes, tangle drops every cached kernel so none runs stale code; with nothing
+    changed the cache stays."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    cache = book / "ggml_lite" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    files = [cache / "alpha.kernel-1.py311.nbi", cache / "alpha.kernel-1.py311.1.nbc"]
+    for f in files:
+        f.write_bytes(b"x")
+    assert tangle.write(book) == [] and all(f.exists() for f in files)
+    p = book / "ggml_lite" / "alpha.py"
+    p.write_text(p.read_text().replace("return 3", "return 4"))     # the book wins on a write
+    out = tangle.write(book)
+    assert "wrote ggml_lite/alpha.py" in out and not any(f.exists() for f in files)
+    assert any(line.startswith("cleared 2 numba cache files") for line in out)

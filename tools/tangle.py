@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -357,6 +358,21 @@ def check(root: Path) -> list[str]:
     return problems
 
 
+def _clear_numba_caches(root: Path) -> list[str]:
+    """numba's cache (cache=True) is keyed on each function's own source file: a cached kernel
+    keeps the compiled code of every function it calls from other modules, so after a module
+    changes the old code would run on. Dropping every cached kernel of the package after a write
+    makes the next run compile them from the new modules."""
+    dirs = [root / "ggml_lite"]
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    if env and Path(env).resolve().is_relative_to(root.resolve()):
+        dirs.append(Path(env))
+    stale = [p for d in dirs if d.is_dir() for p in d.rglob("*") if p.suffix in (".nbi", ".nbc")]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return [f"cleared {len(stale)} numba cache files (kernels compile again on first use)"] if stale else []
+
+
 def write(root: Path) -> list[str]:
     want = tangle(root)
     have = on_disk(root)
@@ -370,6 +386,8 @@ def write(root: Path) -> list[str]:
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(text)
             written.append(f"wrote {path}")
+    if written:
+        written += _clear_numba_caches(root)
     _, books = read_chapters(root)
     for path in hide_tags(books):
         nb = next(nb for p, nb in books if p == path)

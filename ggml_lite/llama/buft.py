@@ -18,12 +18,14 @@ from ggml_lite.tensor import (new_tensor_1d, new_tensor_3d, new_tensor_4d,
                               tensor_overhead)
 from ggml_lite.types import Type
 
+# %% book/12_llama.ipynb #c12b1a2c3d02
 # LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (a tied head
 # is a second copy of token_embd, loaded as "output": MUL_MAT)
 LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL,
                     "output": Op.MUL_MAT, "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT,
-                    "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT, "attn_output": Op.MUL_MAT,
-                    "ffn_norm": Op.MUL, "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
+                    "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT,
+                    "attn_output": Op.MUL_MAT, "ffn_norm": Op.MUL,
+                    "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
                     "ffn_down": Op.MUL_MAT, "rope_freqs": Op.ROPE}
 
 
@@ -32,7 +34,7 @@ def llama_weight_op(name):
     parts = name.split(".")
     return LLAMA_WEIGHT_OPS[parts[2] if parts[0] == "blk" else parts[0]]
 
-
+# %% book/12_llama.ipynb #c12b1a2c3d04
 def make_buft_list(dev):
     """llama.cpp's make_cpu_buft_list for the CPU device (its extra buffer types, found
     through the reg's "ggml_backend_dev_get_extra_bufts", then its own),
@@ -45,7 +47,7 @@ def make_buft_list(dev):
         bufts += list(get_extra(dev)) if get_extra is not None else []
     return bufts + [backend_dev_buffer_type(dev)]
 
-
+# %% book/12_llama.ipynb #c12b1a2c3d06
 def weight_buft_supported(w, op, buft, dev):
     """llama.cpp's weight_buft_supported: build, in a scratch context, the node that
     will read w (a batch of 512 rows), give w a 0-byte dummy buffer of buft, and ask the
@@ -60,8 +62,8 @@ def weight_buft_supported(w, op, buft, dev):
         elif op == Op.MUL:
             node = mul(ctx,
                        new_tensor_4d(ctx, Type.F32, w.ne[0], 512, w.ne[2], w.ne[3]), w)
-        # llama.cpp: a [n_embd_head, n_head, 512] and n_dims 0, which ggml_lite's
         elif op == Op.ROPE:
+            # llama.cpp: a [n_embd_head, n_head, 512] and n_dims 0, which ggml_lite's
             # CPU refuses (no rotation): one head of the dims rope_freqs scales
             n_dims = 2 * w.ne[0]
             a = new_tensor_3d(ctx, Type.F32, n_dims, 1, 512)
@@ -82,7 +84,7 @@ def weight_buft_supported(w, op, buft, dev):
     finally:
         free(ctx)
 
-
+# %% book/12_llama.ipynb #c12b1a2c3d08
 def select_weight_buft(w, op, dev):
     """llama.cpp's select_weight_buft: the first buffer type of dev's list that can feed
     w to op."""

@@ -54,8 +54,9 @@ def llama_check_tensor(rt, ne):
     tid = int(rt.tensor_type)
     if tid not in {int(x) for x in LLAMA_WEIGHT_TYPES}:
         name = getattr(rt.tensor_type, "name", f"type id {tid}")
+        takes = ", ".join(type_name(x) for x in sorted(LLAMA_WEIGHT_TYPES))
         raise GGMLError(f"llama: tensor '{rt.name}' is {name}; this loader takes "
-                        f"{', '.join(type_name(x) for x in sorted(LLAMA_WEIGHT_TYPES))}")
+                        f"{takes}")
     t = Type(tid)
     shape = tuple(int(x) for x in rt.shape)
     if shape != tuple(ne):

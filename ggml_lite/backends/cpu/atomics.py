@@ -32,7 +32,7 @@ def atomic_load(typingctx, a, i):
                                    "seq_cst", 8)
     return types.int64(a, i), codegen
 
-
+# %% book/92_making_python_fast.ipynb #3656d239
 @intrinsic
 def atomic_store(typingctx, a, i, v):
     """C's atomic_store(&a[i], v), sequentially consistent."""

@@ -7,7 +7,8 @@ __all__ = ['DEFAULT_N_THREADS', 'get_n_tasks', 'MIN_WORK_PER_NODE', 'CPlan', 'gr
 import numpy as np
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.table import CACHE_LINE_SIZE, CPU_KERNELS, Preparing, cpu_check_node, cpu_kernel, op_is_empty
+from ggml_lite.backends.cpu.table import (CACHE_LINE_SIZE, CPU_KERNELS, Preparing,
+                                          cpu_check_node, cpu_kernel, op_is_empty)
 from ggml_lite.core import GGMLError, Status
 from ggml_lite.ops import Op
 from ggml_lite.tensor import TensorFlag, get_op_params_f32, is_empty, nelements, nrows
@@ -60,7 +61,7 @@ class CPlan:
     def __repr__(self):
         return f"CPlan(work_size={self.work_size}, n_threads={self.n_threads})"
 
-
+# %% book/06_cpu_compute.ipynb #8715f6de
 def _computes(node):
     """Nodes the CPU runs: marked COMPUTE by build_forward_expand, and not a view op."""
     return bool(node.flags & TensorFlag.COMPUTE) and not op_is_empty(node.op)
@@ -102,15 +103,17 @@ class _Task:
 
 
 def _n_workers(node, n_threads, min_work):
-    """Threads a node gets: all of the plan's (as in ggml), or one when it is too small to share."""
+    """Threads a node gets: all of the plan's (as in ggml), or one when it is too small
+    to share."""
     work = nelements(node) * (node.src[0].ne[0] if node.op == Op.MUL_MAT else 1)
     return n_threads if work >= min_work else 1
 
-
+# %% book/06_cpu_compute.ipynb #04e9a0be
 def _make_tasks(cgraph, cplan, p):
     """Every node checked against the kernel table first, then its kernel calls prepared
     (p: the Preparing whose views they use, kept for lowering the same tasks)."""
-    kernels = [(i, node, cpu_check_node(node, i)) for i, node in enumerate(cgraph.nodes) if _computes(node)]
+    kernels = [(i, node, cpu_check_node(node, i)) for i, node in enumerate(cgraph.nodes)
+               if _computes(node)]
     tasks, owners = [], {}
     for i, node, kernel in kernels:
         if is_empty(node):
@@ -121,12 +124,14 @@ def _make_tasks(cgraph, cplan, p):
             nchunk0, nchunk1, _, _ = V.mul_mat_chunks(node.ne[0], nrows(node), nth)
             p.owner = owners[i] = np.full(nchunk0 * nchunk1, -1, np.int32)
         runs = kernel.prepare(node, p)
-        tasks += [_Task(run, nth, node, i) for run in (runs if isinstance(runs, tuple) else (runs,))]
+        tasks += [_Task(run, nth, node, i)
+                  for run in (runs if isinstance(runs, tuple) else (runs,))]
     return tasks, owners
 
-
+# %% book/06_cpu_compute.ipynb #2f60779d
 def _compute_thread(tasks, tp, cplan, ith):
-    """ggml_graph_compute_thread: every thread walks every task; barriers where threads meet."""
+    """ggml_graph_compute_thread: every thread walks every task; barriers where threads
+    meet."""
     shared_before = False
     trace = cplan.trace
     for task in tasks:
@@ -140,11 +145,13 @@ def _compute_thread(tasks, tp, cplan, ith):
             try:
                 task.run(ith, task.nth)
             except Exception as e:
-                raise GGMLError(f"graph_compute: node {task.index} '{task.node.name}' ({task.node.op.name}) "
-                                f"failed on thread {ith}: {type(e).__name__}: {e}") from e
+                raise GGMLError(f"graph_compute: node {task.index} '{task.node.name}' "
+                                f"({task.node.op.name}) failed on thread {ith}: "
+                                f"{type(e).__name__}: {e}") from e
             if trace is not None:
                 trace.append((ith, task.index, t0, time.perf_counter()))
-        if ith == 0 and cplan.abort_callback is not None and cplan.abort_callback(cplan.abort_callback_data):
+        if (ith == 0 and cplan.abort_callback is not None
+                and cplan.abort_callback(cplan.abort_callback_data)):
             cplan.aborted_at = task.index + 1
             tp.stop()
             return
@@ -164,7 +171,7 @@ def _default_pool(n_threads):
         _DEFAULT_POOLS[n_threads] = Threadpool(n_threads)
     return _DEFAULT_POOLS[n_threads]
 
-
+# %% book/06_cpu_compute.ipynb #5d35690c
 # cgraph -> _Prepared, the tasks of its last compute
 _PREPARED = weakref.WeakKeyDictionary()
 
@@ -223,14 +230,15 @@ def graph_compute(cgraph, cplan):
     traced or cplan.python_loop is set."""
     return _compute(cgraph, cplan, _PREPARED.get(cgraph), False)
 
-
+# %% book/06_cpu_compute.ipynb #4c5bf0b2
 def _compute(cgraph, cplan, prepared, unchanged):
     """graph_compute with the graph's _Prepared (or None), and whether the caller has
     just seen the graph unchanged since it was prepared (then only the plan's fields are
     compared)."""
     # a tensor whose memory is gone is refused
     graph_check_alive(cgraph, "graph_compute")
-    if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
+    if cplan.work_size > 0 and (cplan.work_data is None
+                                or cplan.work_data.nbytes < cplan.work_size):
         have = 0 if cplan.work_data is None else cplan.work_data.nbytes
         raise GGMLError(f"graph_compute: GGML_ASSERT(cplan->work_size == 0 || "
                         f"cplan->work_data != NULL) "
@@ -240,7 +248,8 @@ def _compute(cgraph, cplan, prepared, unchanged):
     if tp.n_threads < cplan.n_threads:
         raise GGMLError(f"graph_compute: the threadpool has {tp.n_threads} threads, "
                         f"the plan needs {cplan.n_threads}")
-    if prepared is None or not (prepared.same_plan(cplan) if unchanged else prepared.fits(cgraph, cplan)):
+    if prepared is None or not (prepared.same_plan(cplan) if unchanged
+                                else prepared.fits(cgraph, cplan)):
         prepared = _PREPARED[cgraph] = _Prepared(cgraph, cplan)
     tasks, cplan.chunk_owners = prepared.tasks, prepared.chunk_owners
     cplan.aborted_at = None
@@ -250,7 +259,7 @@ def _compute(cgraph, cplan, prepared, unchanged):
         tp.run(lambda ith: _compute_thread(tasks, tp, cplan, ith))
     return Status.ABORTED if cplan.aborted_at is not None else Status.SUCCESS
 
-
+# %% book/06_cpu_compute.ipynb #5d6beb1e
 def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
     """ggml_graph_compute_with_ctx: plan, take the work buffer from ctx's pool, compute.
     The plan of the graph's last compute here is taken again when the graph is unchanged
@@ -270,7 +279,7 @@ def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
 
 # %% book/92_making_python_fast.ipynb #native-lower
 from ggml_lite.backends.cpu import program as P
-from ggml_lite.backends.cpu.table import mul_mat_sgemm
+from ggml_lite.backends.cpu.sgemm import mul_mat_sgemm
 
 _BINARY_CODE = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}    # the kernels' op ids
 _NORM_KIND = {Op.RMS_NORM: P.TASK_RMS_NORM, Op.NORM: P.TASK_NORM}
@@ -413,7 +422,7 @@ def _sgemm_q0_task(prog_addr, rows, k, state_addr, ith, nth):
                      prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
     return 0
 
-
+# %% book/92_making_python_fast.ipynb #914a3762
 @cache
 def _sgemm_q0_task_address():
     """The address of _sgemm_q0_task compiled as a C function (numba cfunc), made on
@@ -422,7 +431,7 @@ def _sgemm_q0_task_address():
     return cfunc(sig, cache=True, nogil=True,
                  error_model="numpy")(_sgemm_q0_task).address
 
-
+# %% book/92_making_python_fast.ipynb #41fcff90
 def mul_mat_src1_row(vdt, convert, d, a, b, w4):
     """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer
     (w4) when convert, then the chunk counter set to the thread count (also used by
@@ -431,7 +440,7 @@ def mul_mat_src1_row(vdt, convert, d, a, b, w4):
             [int(vdt) if convert else -1, row_size(vdt, b.shape[3]), blck_size(vdt),
              type_size(vdt)], (d, a, b, w4), ())
 
-
+# %% book/92_making_python_fast.ipynb #da6e319a
 def _lower_mul_mat(node, p, nth):
     """The two tasks of mul_mat as the kernels chapter's functions would run them."""
     kernel = cpu_kernel(node)

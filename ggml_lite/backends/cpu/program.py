@@ -9,7 +9,8 @@ from numba import njit
 
 # %% book/06_cpu_compute.ipynb #native-barrier
 # The state every worker of one program shares: int64 slots, each on its own cache line.
-N_BARRIER, N_BARRIER_PASSED, ABORT, CURRENT_CHUNK, N_THREADS, HAS_ABORT, STOPPED = 0, 8, 16, 24, 32, 40, 48
+(N_BARRIER, N_BARRIER_PASSED, ABORT, CURRENT_CHUNK, N_THREADS, HAS_ABORT,
+ STOPPED) = 0, 8, 16, 24, 32, 40, 48
 STATE_SIZE = 56
 SPINS_BEFORE_YIELD = 1 << 12
 
@@ -365,13 +366,11 @@ def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
         return builder.call(f, vals[1:])
     return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), codegen
 
-
+# %% book/92_making_python_fast.ipynb #78bd57b7
 @njit(cache=True, nogil=True, error_model="numpy")
-def run_task(prog, fp, k, ith, nth, state, owner, slot):
-    """Task k of the program on thread ith of nth: a compiled kernel, or a call back to
-    Python. Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows
-    that meets an index out of range calls its Python kernel back, which raises the
-    error that names it."""
+def _elementwise_task(prog, fp, k, ith, nth):
+    """The F32 kernels of the binary ops, scale, rms_norm and norm (task kinds
+    TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM)."""
     kind, a = prog[k, KIND], ARG
     f32 = np.float32
     if kind == TASK_BINARY:
@@ -392,7 +391,15 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
     elif kind == TASK_NORM:
         K.norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith,
                       nth)
-    elif kind == TASK_MUL_MAT_SRC1:   # src1 to the vec_dot_type, a share per thread
+
+# %% book/92_making_python_fast.ipynb #15c9ef41
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mul_mat_task(prog, k, state, owner, ith, nth):
+    """mul_mat's tasks: src1 to the vec_dot_type, then the chunk loop of a quantized,
+    F32 or F16/BF16 weight, or llamafile's sgemm."""
+    kind, a = prog[k, KIND], ARG
+    f32 = np.float32
+    if kind == TASK_MUL_MAT_SRC1:   # src1 to the vec_dot_type, a share per thread
         if prog[k, a] >= 0:
             _mul_mat_src1_task(prog, k, ith, nth)
         if ith == 0:
@@ -411,6 +418,26 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
         _mul_mat_f_task(prog, k, f32, state, owner, ith, nth)
     elif kind == TASK_MUL_MAT_F16:    # F16 or BF16 weights: uint16 bits on both sides
         _mul_mat_f_task(prog, k, np.uint16, state, owner, ith, nth)
+    elif kind == TASK_SGEMM:   # llamafile's tinyBLAS (05): F32, or F16 bits both sides
+        if prog[k, a + 5] == ST_F32:
+            _sgemm_task(prog, k, f32, state, ith, nth)
+        else:
+            _sgemm_task(prog, k, np.uint16, state, ith, nth)
+
+# %% book/92_making_python_fast.ipynb #879fc687
+@njit(cache=True, nogil=True, error_model="numpy")
+def run_task(prog, fp, k, ith, nth, state, owner, slot):
+    """Task k of the program on thread ith of nth: a compiled kernel, or a call back to
+    Python. Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows
+    that meets an index out of range calls its Python kernel back, which raises the
+    error that names it."""
+    kind, a = prog[k, KIND], ARG
+    if (kind == TASK_BINARY or kind == TASK_SCALE or kind == TASK_RMS_NORM
+            or kind == TASK_NORM):
+        _elementwise_task(prog, fp, k, ith, nth)
+    elif (kind == TASK_MUL_MAT_SRC1 or kind == TASK_MUL_MAT_Q or kind == TASK_SGEMM
+          or kind == TASK_MUL_MAT_F32 or kind == TASK_MUL_MAT_F16):
+        _mul_mat_task(prog, k, state, owner, ith, nth)
     elif kind == TASK_GET_ROWS:
         if _get_rows_task(prog, k, ith, nth) >= 0:
             return _call_python_task(slot, k, ith, nth)
@@ -429,11 +456,6 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
                              ith, nth)
     elif kind == TASK_DUP:
         _dup_task(prog, k, ith, nth)
-    elif kind == TASK_SGEMM:   # llamafile's tinyBLAS (05): F32, or F16 bits both sides
-        if prog[k, a + 5] == ST_F32:
-            _sgemm_task(prog, k, f32, state, ith, nth)
-        else:
-            _sgemm_task(prog, k, np.uint16, state, ith, nth)
     elif kind == TASK_EXTRA:   # ARG: the task's function, then its own integers
         return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k,
                           state.ctypes.data, ith, nth)

@@ -152,7 +152,7 @@ def vget(typingctx, v, k):
         return builder.extract_element(args[0], _I32(sig.args[1].literal_value))
     return v.dtype(v, k), codegen
 
-
+# %% book/92_making_python_fast.ipynb #d21fbdb7
 @intrinsic
 def vpack(typingctx, t):
     """A tuple of numbers of one type as a Vec, element k in lane k."""
@@ -408,7 +408,7 @@ def vmaddubs(typingctx, a, b):
         return _maddubs_ir(builder, args[0], args[1], n)
     return Vec(types.int16, n // 2)(a, b), codegen
 
-
+# %% book/92_making_python_fast.ipynb #67b3363c
 @intrinsic
 def vdot4(typingctx, a, b):
     """Bytes a times int8 b, summed in fours: Vec(int32 x n/4), lane k = a[4k]*b[4k] +

@@ -7,21 +7,25 @@ __all__ = ['CACHE_LINE_SIZE', 'VIEW_OPS', 'op_is_empty', 'CpuKernel', 'CPU_KERNE
 import numpy as np
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.binary_ops import BINARY_TYPES, forward_add, forward_div, forward_mul, forward_sub
+from ggml_lite.backends.cpu.binary_ops import (BINARY_TYPES, forward_add, forward_div,
+                                               forward_mul, forward_sub)
 from ggml_lite.backends.cpu.cpy import forward_dup, forward_get_rows
-from ggml_lite.backends.cpu.ops import (forward_concat, forward_diag_mask_inf, forward_mean, forward_norm,
-                                        forward_repeat, forward_rms_norm, forward_rope, forward_scale,
+from ggml_lite.backends.cpu.ops import (forward_concat, forward_diag_mask_inf,
+                                        forward_mean, forward_norm, forward_repeat,
+                                        forward_rms_norm, forward_rope, forward_scale,
                                         forward_soft_max, forward_sum, forward_sum_rows)
-from ggml_lite.backends.cpu.unary_ops import GLU_OPS, UNARY_OPS, forward_glu, forward_unary, glu_types, unary_types
+from ggml_lite.backends.cpu.unary_ops import (GLU_OPS, UNARY_OPS, forward_glu,
+                                              forward_unary, glu_types, unary_types)
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import Op, UnaryOp, get_glu_op, get_unary_op, op_desc, op_name
 from ggml_lite.tensor import get_op_params_f32, get_op_params_i32, nelements, nrows
-from ggml_lite.types import Type, blck_size, is_quantized, row_size, type_name, type_size
+from ggml_lite.types import (Type, blck_size, is_quantized, row_size, type_name,
+                             type_size)
 
 CACHE_LINE_SIZE = 64
 
-# ggml_op_is_empty: the ops that compute nothing (their result is a view, or a leaf). Every
-# backend skips them; this is the one definition ggml_lite's backends use.
+# ggml_op_is_empty: the ops that compute nothing (their result is a view, or a leaf).
+# Every backend skips them; this is the one definition ggml_lite's backends use.
 VIEW_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
 
 
@@ -36,8 +40,8 @@ class Preparing:
     traced mul_mat the array that records which thread computed each chunk."""
 
     def __init__(self, wdata, n_threads, llamafile=False):
-        self.wdata, self.n_threads, self.owner, self.llamafile = (wdata, n_threads, None,
-                                                                  llamafile)
+        self.wdata, self.n_threads = wdata, n_threads
+        self.owner, self.llamafile = None, llamafile
         self._views = {}
 
     def view(self, t):
@@ -47,7 +51,7 @@ class Preparing:
             self._views[id(t)] = t.numpy()
         return self._views[id(t)]
 
-
+# %% book/06_cpu_compute.ipynb #25cfd5ca
 def _scratch_rows(wdata, n, n_threads):
     """Thread ith's float32 scratch row of n in the work buffer, a cache line apart
     (ggml's wdata + ith*(n + CACHE_LINE_SIZE_F32)); None where the plan reserved
@@ -58,7 +62,7 @@ def _scratch_rows(wdata, n, n_threads):
     return [wdata[i * stride:i * stride + 4 * n].view(np.float32)
             for i in range(n_threads)]
 
-
+# %% book/06_cpu_compute.ipynb #74b5e050
 def _binary(f):
     def prepare(node, p):
         a, b, d = p.view(node.src[0]), p.view(node.src[1]), p.view(node)
@@ -157,57 +161,11 @@ def _prepare_concat(node, p):
                     get_op_params_i32(node, 0))
     return lambda ith, nth: forward_concat(a, b, d, dim, ith, nth)
 
-# %% book/06_cpu_compute.ipynb #304eee36
-from ggml_lite.backends.cpu import sgemm as S
-
-
-def _flat(x):
-    """The memory of the strided array x from its first element to its last, as a 1-D
-    array."""
-    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize
-    return np.lib.stride_tricks.as_strided(x, (span,), (x.itemsize,))
-
-
-def _ld(x):
-    """x's row and plane strides in elements (ne3 first in numpy: strides[2], [1],
-    [0])."""
-    return [x.strides[2] // x.itemsize, x.strides[1] // x.itemsize,
-            x.strides[0] // x.itemsize]
-
-
-def mul_mat_sgemm(node, a, b, d, wdata, nth):
-    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05),
-    decided before any thread runs (they depend on types, shapes and nth only): first
-    on src1 as it is when it is contiguous, then, for an F16 or Q8_0 weight, on src1
-    converted to its vec_dot_type in wdata. None when both decline (the chunk loop
-    computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for S.gemm_planes
-    (rn 0: Q8_0, for S.gemm_q0_planes; k in blocks, strides in bytes); convert:
-    first."""
-    t, tb = node.src[0].type, node.src[1].type
-    if (t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4
-            or a.strides[3] != a.itemsize):
-        return None
-    (ne03, ne02, ne01, ne00), (ne13, ne12, ne11, ne10) = a.shape, b.shape
-    q8 = t == Type.Q8_0
-    m, n, k, conv = ne01, ne11, ne10 // 32 if q8 else ne00, False
-    plan = S.llamafile_sgemm_plan(m, n, k, nth, t, tb) if b.flags.c_contiguous else None
-    vdt = Type.Q8_0 if q8 else Type.F16
-    # second try: src1 converted to the weight's vec_dot_type in wdata
-    if plan is None and t != Type.F32 and tb == Type.F32 and wdata is not None:
-        plan, conv = S.llamafile_sgemm_plan(m, n, k, nth, t, vdt), True
-        if q8:
-            rs = k * S.Q8_0_BYTES
-            b = wdata[:ne13 * ne12 * ne11 * rs].reshape(ne13, ne12, ne11, rs)
-        else:
-            b = wdata[:2 * b.size].view(np.uint16).reshape(b.shape)
-    if plan is None:
-        return None
-    a, b = (x.view(np.uint16) if x.dtype == np.float16 else x for x in (a, b))
-    ld = np.array(_ld(a) + _ld(b) + _ld(d) + [ne12 // ne02, ne13 // ne03, ne12, ne13],
-                  np.int64)
-    return conv, _flat(a), _flat(b), _flat(d), ld, m, n, k, *plan
-
 # %% book/06_cpu_compute.ipynb #840aed45
+from ggml_lite.backends.cpu import sgemm as S
+from ggml_lite.backends.cpu.sgemm import mul_mat_sgemm
+
+
 def _prepare_mul_mat(node, p):
     """The two tasks of ggml_compute_forward_mul_mat: convert src1, then llamafile's
     sgemm when it takes the node (mul_mat_sgemm), else the chunk loop."""
@@ -245,7 +203,7 @@ _QUANTIZED = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K,
 _TO_FLOAT = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
 _INTEGER = (Type.I8, Type.I16, Type.I32)
 
-
+# %% book/06_cpu_compute.ipynb #c250b869
 def _names(types):
     return "/".join(Type(t).name for t in types)
 
@@ -261,10 +219,10 @@ def _same(node, allowed):
 def _supports_binary(node):
     types = (node.src[0].type, node.src[1].type, node.type)
     return None if types in BINARY_TYPES else \
-        "types (src0, src1, dst) must be one of " + ", ".join(f"({_names(t)})".replace("/", ", ")
-                                                             for t in sorted(BINARY_TYPES))
+        "types (src0, src1, dst) must be one of " + ", ".join(
+            f"({_names(t)})".replace("/", ", ") for t in sorted(BINARY_TYPES))
 
-
+# %% book/06_cpu_compute.ipynb #0341e344
 def _supports_dup(node):
     ts, td, dst = node.src[0].type, node.type, node
     if ts == td and ts not in _INTEGER:
@@ -273,11 +231,14 @@ def _supports_dup(node):
     if ts in _FLOAT and td in _FLOAT:
         return None
     if ts in _FLOAT and td in _QUANTIZED:
-        ok = dst.nb[0] == type_size(td) and _packed(dst) and node.src[0].ne[0] % blck_size(td) == 0
-        return None if ok else f"converting to {type_name(td)} needs a contiguous dst and rows of whole blocks"
+        ok = (dst.nb[0] == type_size(td) and _packed(dst)
+              and node.src[0].ne[0] % blck_size(td) == 0)
+        return None if ok else (f"converting to {type_name(td)} needs a contiguous dst "
+                                "and rows of whole blocks")
     if ts in _TO_FLOAT and td == Type.F32:
         ok = _packed(dst) or (dst.ne[0] % blck_size(ts) == 0 and dst.nb[0] == 4)
-        return None if ok else f"converting from {type_name(ts)} needs dst rows of whole blocks, contiguous"
+        return None if ok else (f"converting from {type_name(ts)} needs dst rows of "
+                                "whole blocks, contiguous")
     return f"no copy from {type_name(ts)} to {type_name(td)}"
 
 
@@ -361,17 +322,20 @@ def _supports_concat(node):
     types = {node.src[0].type, node.src[1].type, node.type}
     dim = get_op_params_i32(node, 0)
     if len(types) != 1 or node.type not in _FLOAT + _INTEGER or not 0 <= dim <= 3:
-        return f"src0, src1 and dst one type of {_names(_FLOAT + _INTEGER)}, dim in 0..3"
+        return (f"src0, src1 and dst one type of {_names(_FLOAT + _INTEGER)}, "
+                "dim in 0..3")
     return None
 
 
 def _supports_mul_mat(node):
     src0, src1 = node.src[0], node.src[1]
     if src0.type not in V.MUL_MAT_TYPES:
-        return f"no dot product for src0 {type_name(src0.type)} (have {_names(sorted(V.MUL_MAT_TYPES))})"
+        return (f"no dot product for src0 {type_name(src0.type)} "
+                f"(have {_names(sorted(V.MUL_MAT_TYPES))})")
     vdt = V.get_type_traits_cpu(src0.type).vec_dot_type
     if src1.type != Type.F32 and (src1.type != vdt or is_quantized(vdt)):
-        return (f"src1 must be F32{f' or {type_name(vdt)}' if not is_quantized(vdt) else ''} (activations "
+        alt = f" or {type_name(vdt)}" if not is_quantized(vdt) else ""
+        return (f"src1 must be F32{alt} (activations "
                 f"already in a quantized vec_dot_type such as {type_name(vdt)} have no "
                 f"kernel here)")
     if src0.nb[0] != type_size(src0.type) or src1.nb[0] != type_size(src1.type):
@@ -395,7 +359,8 @@ def _supports_set_rows(node):
     if b.type != Type.F32 or c.type not in (Type.I64, Type.I32):
         return "src0 (the rows) must be F32 and src1 (the row numbers) I64 or I32"
     if node.type not in _FLOAT + _QUANTIZED:
-        return f"dst {type_name(node.type)} has no from_float (have {_names(_FLOAT + _QUANTIZED)})"
+        return (f"dst {type_name(node.type)} has no from_float "
+                f"(have {_names(_FLOAT + _QUANTIZED)})")
     return None
 
 # %% book/06_cpu_compute.ipynb #table-entries
@@ -472,41 +437,54 @@ def _entries():
     t = {}
 
     def add(op, prepare, n_tasks, work, supports, types, kind=None):
-        t[op if kind is None else (op, kind)] = CpuKernel(op, kind, prepare, n_tasks, work, supports, types)
+        t[op if kind is None else (op, kind)] = CpuKernel(op, kind, prepare, n_tasks,
+                                                          work, supports, types)
 
-    binary = "F32+F32->F32, F16+F16->F16, BF16+BF16->BF16, F16/BF16+F32->same or F32; any strides"
-    for op, f in ((Op.ADD, forward_add), (Op.SUB, forward_sub), (Op.MUL, forward_mul), (Op.DIV, forward_div)):
-        add(op, _binary(f), _one if op == Op.SUB else _all, _none, _supports_binary, binary)
+    binary = ("F32+F32->F32, F16+F16->F16, BF16+BF16->BF16, F16/BF16+F32->same or F32; "
+              "any strides")
+    for op, f in ((Op.ADD, forward_add), (Op.SUB, forward_sub), (Op.MUL, forward_mul),
+                  (Op.DIV, forward_div)):
+        add(op, _binary(f), _one if op == Op.SUB else _all, _none, _supports_binary,
+            binary)
     for op in (Op.DUP, Op.CPY, Op.CONT):
         add(op, _prepare_dup, _all, _copy_scratch, _supports_dup,
-            "same type (not integer); F32/F16/BF16 between them; F32/F16/BF16 -> quantized (dst "
-            "contiguous); Q4_0/Q4_1/Q8_0/Q4_K/Q6_K -> F32")
+            "same type (not integer); F32/F16/BF16 between them; F32/F16/BF16 -> "
+            "quantized (dst contiguous); Q4_0/Q4_1/Q8_0/Q4_K/Q6_K -> F32")
     add(Op.SCALE, _prepare_scale, _one, _none, lambda n: _same(n, (Type.F32,)), "F32")
     for op, f in ((Op.NORM, forward_norm), (Op.RMS_NORM, forward_rms_norm)):
         add(op, _norm(f), _all, _none, _supports_norm, "F32, eps >= 0")
-    add(Op.SOFT_MAX, _prepare_soft_max, _rows_of_src0, _row_per_task, _supports_soft_max,
-        "F32; mask F32/F16 broadcast over ne2, ne3; no sinks")
+    add(Op.SOFT_MAX, _prepare_soft_max, _rows_of_src0, _row_per_task,
+        _supports_soft_max, "F32; mask F32/F16 broadcast over ne2, ne3; no sinks")
     add(Op.ROPE, _prepare_rope, _all, _row_per_task, _supports_rope,
         "F32 or F16; modes 0 and 2; positions I32; freq_factors F32")
-    add(Op.DIAG_MASK_INF, _prepare_diag_mask_inf, _all, _none, _supports_diag_mask_inf, "F32")
+    add(Op.DIAG_MASK_INF, _prepare_diag_mask_inf, _all, _none, _supports_diag_mask_inf,
+        "F32")
     add(Op.GET_ROWS, _prepare_get_rows, _one, _none, _supports_get_rows,
         "src0 F32/F16/BF16/Q4_0/Q4_1/Q8_0/Q4_K/Q6_K -> F32, I32 -> I32; indices I32")
     add(Op.SET_ROWS, _prepare_set_rows, _one, _none, _supports_set_rows,
-        "src0 F32 rows -> dst " + _names(_FLOAT + _QUANTIZED) + "; row numbers I64 or I32")
-    add(Op.CONCAT, _prepare_concat, _all, _none, _supports_concat, "one type: F32/F16/BF16/I8/I16/I32")
-    for op, f, types in ((Op.SUM, forward_sum, _FLOAT), (Op.SUM_ROWS, forward_sum_rows, (Type.F32,)),
+        "src0 F32 rows -> dst " + _names(_FLOAT + _QUANTIZED)
+        + "; row numbers I64 or I32")
+    add(Op.CONCAT, _prepare_concat, _all, _none, _supports_concat,
+        "one type: F32/F16/BF16/I8/I16/I32")
+    for op, f, types in ((Op.SUM, forward_sum, _FLOAT),
+                         (Op.SUM_ROWS, forward_sum_rows, (Type.F32,)),
                          (Op.MEAN, forward_mean, (Type.F32,)),
-                         (Op.REPEAT, forward_repeat, (Type.F32, Type.F16, Type.BF16, Type.I16, Type.I32))):
-        add(op, _unary_kernel(f), _one, _none, lambda n, types=types: _same(n, types), _names(types))
+                         (Op.REPEAT, forward_repeat,
+                          (Type.F32, Type.F16, Type.BF16, Type.I16, Type.I32))):
+        add(op, _unary_kernel(f), _one, _none, lambda n, types=types: _same(n, types),
+            _names(types))
     add(Op.MUL_MAT, _prepare_mul_mat, _all, _mul_mat_work, _supports_mul_mat,
-        "src0 " + _names(sorted(V.MUL_MAT_TYPES)) + "; src1 F32 (or F16/BF16 for F16/BF16 weights); rows contiguous; dst F32")
+        "src0 " + _names(sorted(V.MUL_MAT_TYPES))
+        + "; src1 F32 (or F16/BF16 for F16/BF16 weights); rows contiguous; dst F32")
     threaded = {UnaryOp.GELU, UnaryOp.GELU_ERF, UnaryOp.GELU_QUICK, UnaryOp.SILU}
     for u in sorted(UNARY_OPS):
-        add(Op.UNARY, _prepare_unary, _all if u in threaded else _one, _none, _supports_unary,
+        add(Op.UNARY, _prepare_unary, _all if u in threaded else _one, _none,
+            _supports_unary,
             ", ".join(f"{s.name}->{d.name}" for s, d in unary_types(u)), kind=u)
     for g in sorted(GLU_OPS):
         add(Op.GLU, _prepare_glu, _all, _none, _supports_glu,
-            _names(glu_types(g)) + ", one type; fused (swapped or not) or split", kind=g)
+            _names(glu_types(g)) + ", one type; fused (swapped or not) or split",
+            kind=g)
     return t
 
 
@@ -528,7 +506,8 @@ def _extra_kernel(node):
     (`buft.cpu_extra`, a weight rewritten into another layout by the CPU device's extra
     buffer types, chapter 07c)? Its kernel or None."""
     src0 = node.src[0] if node.src else None
-    buf = None if src0 is None else (src0.view_src.buffer if src0.view_src is not None else src0.buffer)
+    buf = None if src0 is None else (src0.view_src.buffer if src0.view_src is not None
+                                     else src0.buffer)
     extra = getattr(getattr(buf, "buft", None), "cpu_extra", None)
     return None if extra is None else extra.get_tensor_traits(node)
 

@@ -17,7 +17,7 @@ DEFAULT_POLL = 50             # ggml_threadpool_params_default's poll: hybrid po
 # ggml_graph_compute_poll_for_work spins 1024 * 128 * poll times
 POLL_ROUNDS = 1024 * 128
 
-
+# %% book/06_cpu_compute.ipynb #8e4b0e41
 def _worker(ctl, cond, pool_ref, ith, n_rounds):
     """ggml_graph_compute_secondary_thread for thread ith: poll for work, which runs
     each program kicked off; run a Python job in Python; sleep on cond when polling
@@ -92,6 +92,33 @@ def _run_python(pool, job):
     if pool._errors:
         raise min(pool._errors, key=lambda e: e[0])[1]
 
+# %% book/06_cpu_compute.ipynb #8b2e4d61a0
+def _start_workers(pool):
+    """Threads 1..n_threads-1, each holding only a weak reference to pool, and the
+    finalizer that stops them when pool is freed or collected."""
+    # numba loads what a worker calls to go to sleep here, not in the worker at its
+    # first sleep
+    ctl_add(pool._ctl, TP_SLEEPING, 0)
+    ctl_load(pool._ctl, TP_STOP)
+    args = (pool._ctl, pool._cond, weakref.ref(pool))
+    pool._workers = [threading.Thread(target=_worker, args=(*args, ith, pool._n_rounds),
+                                      daemon=True, name=f"ggml_lite-cpu-{ith}")
+                     for ith in range(1, pool.n_threads)]
+    pool._finalizer = weakref.finalize(pool, _stop_workers, pool._ctl, pool._cond)
+    for w in pool._workers:
+        w.start()
+
+
+def _compute_program(pool, prog, fp, state, owner, slot):
+    """ggml_graph_compute: kickoff, then worker 0's part, then a wait until every
+    worker has left the program (past its last barrier)."""
+    if pool.n_threads == 1:
+        return P.graph_compute_thread(prog, fp, state, owner, slot, 0)
+    _kickoff(pool, JOB_PROGRAM, prog, fp, state, owner, slot)
+    P.graph_compute_thread(prog, fp, state, owner, slot, 0)
+    while not threadpool_wait_done(pool._ctl, pool.n_threads - 1, 1 << 20):
+        pass
+
 # %% book/06_cpu_compute.ipynb #pool-class
 class Threadpool:
     """struct ggml_threadpool: n_threads - 1 persistent workers; the calling thread is
@@ -118,18 +145,7 @@ class Threadpool:
                             np.zeros(0, np.int64), np.zeros(0, np.int32), 0)
         self._job, self._errors, self._stop = None, [], False
         self._run_lock = threading.Lock()          # one job at a time, whoever calls
-        # numba loads what a worker calls to go to sleep here, not in the worker at its
-        # first sleep
-        ctl_add(self._ctl, TP_SLEEPING, 0)
-        ctl_load(self._ctl, TP_STOP)
-        args = (self._ctl, self._cond, weakref.ref(self))
-        self._workers = [threading.Thread(target=_worker,
-                                          args=(*args, ith, self._n_rounds),
-                                          daemon=True, name=f"ggml_lite-cpu-{ith}")
-                         for ith in range(1, n_threads)]
-        self._finalizer = weakref.finalize(self, _stop_workers, self._ctl, self._cond)
-        for w in self._workers:
-            w.start()
+        _start_workers(self)
 
     def barrier(self):
         """ggml_barrier for Python jobs: no thread returns before all n_threads have
@@ -150,18 +166,12 @@ class Threadpool:
             _run_python(self, job)
 
     def run_program(self, prog, fp, state, owner, slot):
-        """ggml_graph_compute: kickoff, then worker 0's part, then a wait until every
-        worker has left the program (past its last barrier). Its failures are the
+        """ggml_graph_compute on the pool (_compute_program). Its failures are the
         program's to report."""
         with self._run_lock:
             if self._stop:
                 raise GGMLError("threadpool: used after threadpool_free")
-            if self.n_threads == 1:
-                return P.graph_compute_thread(prog, fp, state, owner, slot, 0)
-            _kickoff(self, JOB_PROGRAM, prog, fp, state, owner, slot)
-            P.graph_compute_thread(prog, fp, state, owner, slot, 0)
-            while not threadpool_wait_done(self._ctl, self.n_threads - 1, 1 << 20):
-                pass
+            return _compute_program(self, prog, fp, state, owner, slot)
 
     def free(self):
         with self._run_lock:
