@@ -6,7 +6,8 @@ __all__ = ['BINARY_TYPES', 'forward_add', 'forward_sub', 'forward_mul', 'forward
 # %% book/05_cpu_kernels.ipynb #kern-binary-imports
 from numba import njit
 
-from ggml_lite.backends.cpu.common import check_4d, get_thread_range, ld, ne_of, st, storage
+from ggml_lite.backends.cpu.common import (
+    check_4d, get_thread_range, ld, ne_of, st, storage)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, type_name
 

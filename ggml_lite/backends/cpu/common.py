@@ -40,7 +40,7 @@ def _ld_impl(v, t):
         return lambda v, t: np.float32(v)
     return lambda v, t: table_f32_f16[v] if t == _F16 else bf16_to_fp32(v)
 
-
+# %% book/05_cpu_kernels.ipynb #e1971a50
 def st(f, t, like):
     """The element of type t (stored as like.dtype) that holds float32 f, rounded to
     nearest even."""

@@ -9,7 +9,8 @@ from numba import njit, types
 from numba.extending import overload
 
 from ggml_lite.backends.cpu.common import check_4d, get_thread_range, ld, ne_of, st
-from ggml_lite.backends.cpu.quants import QUANTIZED, dequantize_row, quantize_row, storage_any
+from ggml_lite.backends.cpu.quants import (
+    QUANTIZED, dequantize_row, quantize_row, storage_any)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, blck_size, row_size, type_name, type_size
 
@@ -67,10 +68,12 @@ def get_rows_operands(src0, src1, dst, src0_type=None):
     else:
         (a, ta), want = storage_any(src0, src0_type, "get_rows"), np.float32
     if src1.dtype != np.int32 or dst.dtype != want:
-        raise GGMLError(f"get_rows: src1 must be I32 and dst {'I32' if want == np.int32 else 'F32'}, "
+        want_name = "I32" if want == np.int32 else "F32"
+        raise GGMLError(f"get_rows: src1 must be I32 and dst {want_name}, "
                         f"got {src1.dtype} and {dst.dtype}")
     ne00 = dst.shape[3]
-    if src1.shape[0] != 1 or a.shape[:2] != src1.shape[1:3] or dst.shape[:3] != src1.shape[1:]:
+    if (src1.shape[0] != 1 or a.shape[:2] != src1.shape[1:3]
+            or dst.shape[:3] != src1.shape[1:]):
         raise GGMLError(f"get_rows: src0 {ne_of(a)}, src1 {ne_of(src1)}, dst "
                         f"{ne_of(dst)} "
                         f"do not fit (src0.ne2 == src1.ne1, src0.ne3 == src1.ne2, "
@@ -112,7 +115,7 @@ def _set_row_impl(b, i, td, d, i1):
             d[i1, k] = st(b[i, k], td, d)
     return store
 
-
+# %% book/05_cpu_kernels.ipynb #0031146a
 @njit(cache=True, nogil=True, error_model="numpy")
 def _bad_row_index(idx, ne1):
     """The flat position (i12, i11, i10) of the first index outside [0, ne1), or -1."""
@@ -155,8 +158,9 @@ def set_rows_operands(src0, src1, dst, dst_type=None):
     ne0 = d.shape[3] // type_size(td) * blck_size(td) if td in QUANTIZED else d.shape[3]
     ne3, ne2 = d.shape[0], d.shape[1]
     ne12, ne11, n_rows = src1.shape[1], src1.shape[2], src1.shape[3]
-    if (src0.shape[0] != ne3 or src0.shape[1] != ne2 or src0.shape[3] != ne0 or src1.shape[0] != 1
-            or n_rows != src0.shape[2] or ne2 % ne11 or ne3 % ne12):
+    if (src0.shape[0] != ne3 or src0.shape[1] != ne2 or src0.shape[3] != ne0
+            or src1.shape[0] != 1 or n_rows != src0.shape[2]
+            or ne2 % ne11 or ne3 % ne12):
         raise GGMLError(f"set_rows: src0 {ne_of(src0)}, src1 {ne_of(src1)}, dst "
                         f"[{ne0}, {d.shape[2]}, {ne2}, {ne3}] "
                         f"do not fit (ne0 and the slices as dst's, src1.ne0 rows, ne2 "
@@ -203,7 +207,7 @@ def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
                 i2, i3 = 0, i3 + 1
     return i0, i1, i2, i3
 
-
+# %% book/05_cpu_kernels.ipynb #05a3cf19
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_flt(a, ta, d, td, same, ith, nth):
     """Element by element, in the logical (row-major) order of a into that of d,

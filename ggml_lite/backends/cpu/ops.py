@@ -9,7 +9,8 @@ import math
 import numpy as np
 from numba import njit
 
-from ggml_lite.backends.cpu.common import check_4d, f32_only, get_thread_range, ld, ne_of, st, storage
+from ggml_lite.backends.cpu.common import (
+    check_4d, f32_only, get_thread_range, ld, ne_of, st, storage)
 from ggml_lite.backends.cpu.vexp import v_expf8, vhsum8, vput8, vrow8
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, type_name
@@ -124,7 +125,8 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                     slope = m1 ** np.float32(2 * (i2 - n_head_log2) + 1)
             for i1 in range(ith, ne1, nth):                  # strided rows
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
-                mrow = m[i3 % ne13, i2 % ne12, i1 if has_mask else 0]   # no mask: never read
+                # no mask: row 0, never read
+                mrow = m[i3 % ne13, i2 % ne12, i1 if has_mask else 0]
                 mx = np.float32(-np.inf)
                 # w = x*scale + slope*mask, kept in y
                 for i in range(ne0):
@@ -133,8 +135,8 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                         w += slope * ld(mrow[i], tm)
                     y[i] = w
                     mx = max(mx, w)
-                # ggml_vec_soft_max_f32 (AVX2): eight at a time, their float sum (hsum) added
-                # in double; the last ne0 % 8 with expf, one by one
+                # ggml_vec_soft_max_f32 (AVX2): eight at a time, their float sum (hsum)
+                # added in double; the last ne0 % 8 with expf, one by one
                 s, i = 0.0, 0
                 while i + 8 <= ne0:
                     v = v_expf8(vrow8(y, i) - mx)
@@ -170,7 +172,8 @@ def soft_max_operands(src0, mask, dst, scale=1.0, max_bias=0.0):
         check_4d("soft_max", mask)
         m, tm = storage(mask, "soft_max mask")
         ne3, ne2, ne1, ne0 = src0.shape
-        if tm == _BF16 or m.shape[3] != ne0 or m.shape[2] < ne1 or ne2 % m.shape[1] or ne3 % m.shape[0]:
+        if (tm == _BF16 or m.shape[3] != ne0 or m.shape[2] < ne1 or ne2 % m.shape[1]
+                or ne3 % m.shape[0]):
             raise GGMLError(f"soft_max: mask {ne_of(m)} {type_name(tm)} does not fit "
                             f"src0 "
                             f"{ne_of(src0)} (F32/F16, mask.ne0 == ne0, mask.ne1 >= "
@@ -193,8 +196,9 @@ _ROPE_NORMAL, _ROPE_NEOX = 0, 2             # GGML_ROPE_TYPE_NORMAL, GGML_ROPE_T
 def _corr_dim(n_dims, n_ctx_orig, n_rot, base):
     """ggml_rope_yarn_corr_dim: the dimension whose wavelength fits n_rot times into
     n_ctx_orig."""
-    return np.float32(n_dims) * np.log(np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2.0) * np.float32(math.pi))) \
-        / (np.float32(2.0) * np.log(base))
+    wavelengths = np.float32(n_ctx_orig) / (np.float32(n_rot) * np.float32(2.0)
+                                            * np.float32(math.pi))
+    return np.float32(n_dims) * np.log(wavelengths) / (np.float32(2.0) * np.log(base))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -217,7 +221,8 @@ def _rope_yarn(theta_extrap, freq_scale, low, high, i0, ext_factor, mscale):
         ramp_mix = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0),
                                                                y))) * ext_factor
         theta = theta_interp * (np.float32(1.0) - ramp_mix) + theta_extrap * ramp_mix
-        mscale *= np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / freq_scale)
+        mscale *= (np.float32(1.0)
+                   + np.float32(0.1) * np.log(np.float32(1.0) / freq_scale))
     return np.cos(theta) * mscale, np.sin(theta) * mscale
 
 # %% book/05_cpu_kernels.ipynb #kern-rope-rows
@@ -350,10 +355,9 @@ def _concat(a, b, d, dim, ith, nth):
                     else:
                         d[i3, i2, i1, i0] = b[i3 - o3, i2 - o2, i1 - o1, i0 - o0]
 
-
+# %% book/05_cpu_kernels.ipynb #f0a674dc
 _CONCAT_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int8),
-                  np.dtype(np.int16),
-                  np.dtype(np.int32))
+                  np.dtype(np.int16), np.dtype(np.int32))
 
 
 def forward_concat(src0, src1, dst, dim, ith=0, nth=1):
@@ -366,9 +370,10 @@ def forward_concat(src0, src1, dst, dim, ith=0, nth=1):
     want = list(a.shape)
     if 0 <= dim <= 3:
         want[3 - dim] += b.shape[3 - dim]
-    ok = 0 <= dim <= 3 and all(a.shape[k] == b.shape[k] for k in range(4) if k != 3 - dim)
-    if not ok or not src0.dtype == src1.dtype == dst.dtype or a.dtype not in _CONCAT_DTYPES \
-            or tuple(want) != d.shape:
+    ok = 0 <= dim <= 3 and all(a.shape[k] == b.shape[k]
+                               for k in range(4) if k != 3 - dim)
+    if (not ok or not src0.dtype == src1.dtype == dst.dtype
+            or a.dtype not in _CONCAT_DTYPES or tuple(want) != d.shape):
         raise GGMLError(f"concat: src0 {ne_of(a)} and src1 {ne_of(b)} cannot be joined "
                         f"along "
                         f"dim {dim} into dst {ne_of(d)} (element types {src0.dtype}, "
@@ -396,7 +401,7 @@ def _sum(a, t, d):
                     total32 += row
     d[0, 0, 0, 0] = st(np.float32(total) if t == _F32 else total32, t, d)
 
-
+# %% book/05_cpu_kernels.ipynb #9906dde4
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sum_rows(a, d, mean):
     ne3, ne2, ne1, ne0 = a.shape
@@ -440,7 +445,8 @@ def _forward_rows(name, mean, src0, dst, ith):
     check_4d(name, src0, dst)
     f32_only(name, src0, dst)
     if dst.shape != src0.shape[:3] + (1,):
-        raise GGMLError(f"{name}: dst must be [1, ne1, ne2, ne3] = {[1] + ne_of(src0)[1:]}, got {ne_of(dst)}")
+        raise GGMLError(f"{name}: dst must be [1, ne1, ne2, ne3] = "
+                        f"{[1] + ne_of(src0)[1:]}, got {ne_of(dst)}")
     if ith == 0:
         _sum_rows(src0, dst, mean)
 

@@ -19,7 +19,8 @@ from ggml_lite.types import (Type, dequantize_row_q4_0, dequantize_row_q4_1,
                              quantize_row_q8_K_ref, type_name)
 
 # %% book/05_cpu_kernels.ipynb #kern-quantrows
-_Q4_0, _Q4_1, _Q8_0, _Q8_1 = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q8_0), int(Type.Q8_1)
+_Q4_0, _Q4_1 = int(Type.Q4_0), int(Type.Q4_1)
+_Q8_0, _Q8_1 = int(Type.Q8_0), int(Type.Q8_1)
 _Q4_K, _Q6_K, _Q8_K = int(Type.Q4_K), int(Type.Q6_K), int(Type.Q8_K)
 QUANTIZED = (_Q4_0, _Q4_1, _Q8_0, _Q8_1, _Q4_K, _Q6_K, _Q8_K)
 
@@ -42,7 +43,7 @@ def dequantize_row(t, x, y):
     else:
         dequantize_row_q8_K(x, y)
 
-
+# %% book/05_cpu_kernels.ipynb #12781ff5
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row(t, x, y):
     """type t's from_float on the CPU: float32 x -> uint8 blocks y. The types chapter's
@@ -63,7 +64,7 @@ def quantize_row(t, x, y):
     else:
         quantize_row_q8_K_ref(x, y)
 
-
+# %% book/05_cpu_kernels.ipynb #0b81dcc7
 def storage_any(a, t, where):
     """Like storage, but a uint8 array holds the blocks of the quantized type t."""
     if t is not None and int(t) in QUANTIZED:

@@ -11,17 +11,21 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.simd import Vec, mul_sum_i8_pairs, vfloat, vload, vsum, vzero
+from ggml_lite.backends.cpu.simd import (
+    Vec, mul_sum_i8_pairs, vfloat, vload, vsum, vzero)
 from ggml_lite.types import Type
 
-KN = 8                   # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
-RM, RN, BN = 4, 3, 24    # tinyBLAS with 16 vector registers: tiles of 4 x 3 outputs, jobs ~24 tiles wide
+# lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
+KN = 8
+# tinyBLAS with 16 vector registers: tiles of 4 x 3 outputs, jobs ~24 tiles wide
+RM, RN, BN = 4, 3, 24
 
 # %% book/05_cpu_kernels.ipynb #sgemm-simd
 @intrinsic
 def _vld8(typingctx, a, i):
-    """a[i:i+8] as Vec(float32 x 8): float32 as they are, fp16 (the uint16 bits) widened on the way
-    in (vcvtph2ps): tinyBLAS's load<__m256>(const float *) and load<__m256>(const ggml_fp16_t *)."""
+    """a[i:i+8] as Vec(float32 x 8): float32 as they are, fp16 (the uint16 bits) widened
+    on the way in (vcvtph2ps): tinyBLAS's load<__m256>(const float *) and
+    load<__m256>(const ggml_fp16_t *)."""
     if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16)):
         return None
     rt = Vec(types.float32, 8)
@@ -30,46 +34,57 @@ def _vld8(typingctx, a, i):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
         if sig.args[0].dtype == types.float32:
-            return builder.load(builder.bitcast(ptr, context.get_value_type(rt).as_pointer()), align=4)
+            vptr = builder.bitcast(ptr, context.get_value_type(rt).as_pointer())
+            return builder.load(vptr, align=4)
         halves = ir.VectorType(ir.HalfType(), 8)
-        return builder.fpext(builder.load(builder.bitcast(ptr, halves.as_pointer()), align=2),
-                             context.get_value_type(rt))
+        hptr = builder.bitcast(ptr, halves.as_pointer())
+        return builder.fpext(builder.load(hptr, align=2), context.get_value_type(rt))
     return rt(a, i), codegen
 
 
 @intrinsic
 def _vfma(typingctx, a, b, c):
-    """a * b + c lane by lane, rounded once (llvm.fma: vfmadd231ps; tinyBLAS's madd on x86 with FMA)."""
+    """a * b + c lane by lane, rounded once (llvm.fma: vfmadd231ps; tinyBLAS's madd on
+    x86 with FMA)."""
     if not all(isinstance(v, Vec) and v.dtype == types.float32 for v in (a, b, c)):
         return None
 
     def codegen(context, builder, sig, args):
         vt = args[0].type
-        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{a.count}f32")
+        fty = ir.FunctionType(vt, [vt, vt, vt])
+        name = f"llvm.fma.v{a.count}f32"
+        f = cgutils.get_or_insert_function(builder.module, fty, name)
         return builder.call(f, list(args))
     return c(a, b, c), codegen
 
 # %% book/05_cpu_kernels.ipynb #sgemm-bloc
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_bloc(A, lda, B, ldb, C, ldc, k, ii, jj, rn):
-    """tinyBLAS::gemm_bloc<4, rn> (rn = 1, 2 or 3): the outputs C[ldc*(jj+j) + ii+i] of A's rows
-    ii..ii+3 and B's rows jj..jj+rn-1. Each step of 8 along k loads 4 vectors of A and rn of B
-    and makes 4 * rn fmas: every loaded vector is used rn or 4 times. Each output as ggml's AVX2
-    build makes it: 8 lane sums, fma by fma over k, then hsum (halves added, vsum)."""
-    j1, j2 = jj + min(1, rn - 1), jj + min(2, rn - 1)      # a narrower tile repeats its last column
+    """tinyBLAS::gemm_bloc<4, rn> (rn = 1, 2 or 3): the outputs C[ldc*(jj+j) + ii+i] of
+    A's rows ii..ii+3 and B's rows jj..jj+rn-1. Each step of 8 along k loads 4 vectors
+    of A and rn of B and makes 4 * rn fmas: every loaded vector is used rn or 4 times.
+    Each output as ggml's AVX2 build makes it: 8 lane sums, fma by fma over k, then hsum
+    (halves added, vsum)."""
+    # a narrower tile repeats its last column
+    j1, j2 = jj + min(1, rn - 1), jj + min(2, rn - 1)
     a0o, a1o, a2o, a3o = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
     b0o, b1o, b2o = ldb * jj, ldb * j1, ldb * j2
-    c00, c01, c02, c03 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
-    c10, c11, c12, c13 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
-    c20, c21, c22, c23 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
+    z = vzero(np.float32, 8)
+    c00, c01, c02, c03 = z, z, z, z
+    c10, c11, c12, c13 = z, z, z, z
+    c20, c21, c22, c23 = z, z, z, z
     for l in range(0, k, KN):
-        a0, a1, a2, a3 = _vld8(A, a0o + l), _vld8(A, a1o + l), _vld8(A, a2o + l), _vld8(A, a3o + l)
+        a0, a1 = _vld8(A, a0o + l), _vld8(A, a1o + l)
+        a2, a3 = _vld8(A, a2o + l), _vld8(A, a3o + l)
         b = _vld8(B, b0o + l)
-        c00, c01, c02, c03 = _vfma(a0, b, c00), _vfma(a1, b, c01), _vfma(a2, b, c02), _vfma(a3, b, c03)
+        c00, c01 = _vfma(a0, b, c00), _vfma(a1, b, c01)
+        c02, c03 = _vfma(a2, b, c02), _vfma(a3, b, c03)
         b = _vld8(B, b1o + l)
-        c10, c11, c12, c13 = _vfma(a0, b, c10), _vfma(a1, b, c11), _vfma(a2, b, c12), _vfma(a3, b, c13)
+        c10, c11 = _vfma(a0, b, c10), _vfma(a1, b, c11)
+        c12, c13 = _vfma(a2, b, c12), _vfma(a3, b, c13)
         b = _vld8(B, b2o + l)
-        c20, c21, c22, c23 = _vfma(a0, b, c20), _vfma(a1, b, c21), _vfma(a2, b, c22), _vfma(a3, b, c23)
+        c20, c21 = _vfma(a0, b, c20), _vfma(a1, b, c21)
+        c22, c23 = _vfma(a2, b, c22), _vfma(a3, b, c23)
     o = ldc * jj + ii
     C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c00), vsum(c01), vsum(c02), vsum(c03)
     if rn > 1:
@@ -82,13 +97,17 @@ def gemm_bloc(A, lda, B, ldb, C, ldc, k, ii, jj, rn):
 # %% book/05_cpu_kernels.ipynb #sgemm-gemm
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _bloc_pos(ib, ibn, bloc_size):
-    """BLOC_POS: where block ib starts when the first ibn blocks have bloc_size items, the rest one less."""
-    return ib * bloc_size if ib < ibn else ibn * bloc_size + (ib - ibn) * (bloc_size - 1)
+    """BLOC_POS: where block ib starts when the first ibn blocks have bloc_size items,
+    the rest one less."""
+    if ib < ibn:
+        return ib * bloc_size
+    return ibn * bloc_size + (ib - ibn) * (bloc_size - 1)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
-    """Job `job` of tinyBLAS::gemm<4, rn, bm> (see gemm), none for job -1; returns the number of jobs."""
+    """Job `job` of tinyBLAS::gemm<4, rn, bm> (see gemm), none for job -1; returns the
+    number of jobs."""
     ytiles = m // (RM * bm)
     xtiles = (n + rn - 1) // rn
     jj_rn = xtiles - (xtiles * rn - n)
@@ -110,13 +129,14 @@ def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
                 jj += rn - 1
     return ytiles * nb_bn
 
-
+# %% book/05_cpu_kernels.ipynb #c72c543e
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
-    """tinyBLAS::gemm<4, rn, bm>: C (n rows of m) = B (n rows of k) times A (m rows of k)
-    transposed, as jobs of bm tiles down m by about BN tiles along n; thread ith takes job ith
-    first, then whatever the shared counter (set to nth before) hands out. Along n the first
-    jj_rn tiles are rn wide, the rest rn - 1, so that n need not be a multiple of rn."""
+    """tinyBLAS::gemm<4, rn, bm>: C (n rows of m) = B (n rows of k) times A (m rows of
+    k) transposed, as jobs of bm tiles down m by about BN tiles along n; thread ith
+    takes job ith first, then whatever the shared counter (set to nth before) hands out.
+    Along n the first jj_rn tiles are rn wide, the rest rn - 1, so that n need not be a
+    multiple of rn."""
     job = ith
     while job < _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
         job = V.atomic_fetch_add(counter, 0, 1)
@@ -124,30 +144,34 @@ def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
-    """ggml_compute_forward_mul_mat's llamafile_sgemm call for every plane (i12, i13) of src1, on
-    flat A, B, C with ld = (lda, A's plane strides s2, s3, ldb, B's, ldc, C's, r2, r3, ne12, ne13)
-    in elements. ggml calls it plane by plane, a barrier and a fresh counter each; here the jobs
-    of all planes are numbered one after another and handed out by one counter (set to nth
-    before), with no barrier: which thread computes an output does not change its bits."""
+    """ggml_compute_forward_mul_mat's llamafile_sgemm call for every plane (i12, i13) of
+    src1, on flat A, B, C with ld = (lda, A's plane strides s2, s3, ldb, B's, ldc, C's,
+    r2, r3, ne12, ne13) in elements. ggml calls it plane by plane, a barrier and a fresh
+    counter each; here the jobs of all planes are numbered one after another and handed
+    out by one counter (set to nth before), with no barrier: which thread computes an
+    output does not change its bits."""
     lda, ldb, ldc, r2, r3, ne12 = ld[0], ld[3], ld[6], ld[9], ld[10], ld[11]
     njobs = _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, -1)
     g = ith
     while g < njobs * ne12 * ld[12]:
         p, job = g // njobs, g % njobs
         i12, i13 = p % ne12, p // ne12
-        _gemm_job(A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:], lda, B[i12 * ld[4] + i13 * ld[5]:], ldb,
-                  C[i12 * ld[7] + i13 * ld[8]:], ldc, k, m, n, rn, bm, job)
+        a = A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:]
+        b = B[i12 * ld[4] + i13 * ld[5]:]
+        c = C[i12 * ld[7] + i13 * ld[8]:]
+        _gemm_job(a, lda, b, ldb, c, ldc, k, m, n, rn, bm, job)
         g = V.atomic_fetch_add(counter, 0, 1)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-plan
 def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
-    """What llamafile_sgemm (ggml src/ggml-cpu/llamafile/sgemm.cpp, x86 with AVX2, FMA and F16C)
-    decides for C[n, m] = B[n, k] A[m, k]^T: None when it declines (ggml then falls back to its own
-    kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0 x Q8_0 (tinyBLAS_Q0, tiled by mnpack;
-    k counts blocks there). It declines a single column (n < 2: "only enable sgemm for prompt
-    processing"), any C but F32, A and B of other type pairs than F32 x F32, F16 x F16 and
-    Q8_0 x Q8_0 (ggml also takes BF16 x BF16 and Q4_0/Q4_1/Q5_0/IQ4_NL x Q8_0: not in ggml_lite),
-    and, for the float types, k not a multiple of the vector width and m not a multiple of 4."""
+    """What llamafile_sgemm (ggml src/ggml-cpu/llamafile/sgemm.cpp, x86 with AVX2, FMA
+    and F16C) decides for C[n, m] = B[n, k] A[m, k]^T: None when it declines (ggml then
+    falls back to its own kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0 x Q8_0
+    (tinyBLAS_Q0, tiled by mnpack; k counts blocks there). It declines a single column
+    (n < 2: "only enable sgemm for prompt processing"), any C but F32, A and B of other
+    type pairs than F32 x F32, F16 x F16 and Q8_0 x Q8_0 (ggml also takes BF16 x BF16
+    and Q4_0/Q4_1/Q5_0/IQ4_NL x Q8_0: not in ggml_lite), and, for the float types, k not
+    a multiple of the vector width and m not a multiple of 4."""
     if n < 2 or ctype != Type.F32:
         return None
     if (atype, btype) == (Type.Q8_0, Type.Q8_0):
@@ -156,7 +180,7 @@ def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
         return None
     if k % KN != 0:
         return None
-    nb = -(-n // 3)                                          # BLOCK_SIZE<3>(n): 1, 2 or 3
+    nb = -(-n // 3)                                        # BLOCK_SIZE<3>(n): 1, 2 or 3
     rn = n // nb if n % nb == 0 else n // nb + 1
     if m % 16 == 0 and m // 16 >= nth:
         return rn, 4
@@ -167,13 +191,15 @@ def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
     return None
 
 
-def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, btype, ctype=Type.F32):
-    """llamafile_sgemm for thread ith of nth: False if it declines (before touching anything), else
-    computes this thread's share of C and returns True. A, B: flat float32 (F32) or uint16 (F16
-    bits) arrays of rows lda, ldb elements apart, or uint8 (Q8_0 blocks) of rows lda, ldb blocks
-    apart, k blocks long; C flat float32, rows ldc apart; counter: a 1-element int64 array set to
-    nth before any thread starts (ggml: ith 0 sets it behind a barrier, inside gemm; Q8_0's tiles
-    are shared out without it)."""
+def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, btype,
+                    ctype=Type.F32):
+    """llamafile_sgemm for thread ith of nth: False if it declines (before touching
+    anything), else computes this thread's share of C and returns True. A, B: flat
+    float32 (F32) or uint16 (F16 bits) arrays of rows lda, ldb elements apart, or uint8
+    (Q8_0 blocks) of rows lda, ldb blocks apart, k blocks long; C flat float32, rows ldc
+    apart; counter: a 1-element int64 array set to nth before any thread starts (ggml:
+    ith 0 sets it behind a barrier, inside gemm; Q8_0's tiles are shared out without
+    it)."""
     plan = llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype)
     if plan is None:
         return False
@@ -185,17 +211,18 @@ def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, b
 
 # %% book/05_cpu_kernels.ipynb #sgemm-forward
 def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
-    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm, its nth threads played one after
-    another: on src1 as it is, then, if declined and src1 is not of the weight's vec_dot_type, on
-    src1 converted to it (F16 for an F16 weight, Q8_0 rows for a Q8_0 weight, as the chunk loop
-    would read it). False if both decline (ggml goes on to its chunk loop). src0 (F16 as uint16
-    bits, Q8_0 as its bytes), src1 (float32), dst (float32): contiguous [ne3, ne2, ne1, ne0]
-    arrays; src0 broadcast over planes as in mul_mat."""
+    """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm, its nth threads
+    played one after another: on src1 as it is, then, if declined and src1 is not of the
+    weight's vec_dot_type, on src1 converted to it (F16 for an F16 weight, Q8_0 rows for
+    a Q8_0 weight, as the chunk loop would read it). False if both decline (ggml goes on
+    to its chunk loop). src0 (F16 as uint16 bits, Q8_0 as its bytes), src1 (float32),
+    dst (float32): contiguous [ne3, ne2, ne1, ne0] arrays; src0 broadcast over planes as
+    in mul_mat."""
     ne03, ne02, ne01, _ = src0.shape
     ne13, ne12, ne11, ne10 = src1.shape
     r2, r3 = ne12 // ne02, ne13 // ne03
     quantized = src0_type == Type.Q8_0
-    k = ne10 // 32 if quantized else ne10                    # ggml's k: ne00 / blck_size
+    k = ne10 // 32 if quantized else ne10                   # ggml's k: ne00 / blck_size
 
     def attempt(btype, b, ldb):
         for i13 in range(ne13):
@@ -203,21 +230,25 @@ def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
                 counter = np.array([nth], np.int64)
                 a, c = src0[i13 // r3, i12 // r2].reshape(-1), dst[i13, i12].reshape(-1)
                 for ith in range(nth):
-                    if not llamafile_sgemm(ith, nth, counter, ne01, ne11, k, a, k, b[i13, i12].reshape(-1),
+                    bp = b[i13, i12].reshape(-1)
+                    if not llamafile_sgemm(ith, nth, counter, ne01, ne11, k, a, k, bp,
                                            ldb, c, ne01, src0_type, btype):
                         return False
         return True
     if attempt(Type.F32, src1, ne10):
         return True
-    if src0_type not in (Type.F16, Type.Q8_0):                 # (F32's vec_dot_type is F32: nothing to convert)
+    # (F32's vec_dot_type is F32: nothing to convert)
+    if src0_type not in (Type.F16, Type.Q8_0):
         return False
     wdata = np.empty(V.mul_mat_wsize(src0_type, src1), np.uint8)
     for ith in range(nth):
         V.forward_mul_mat_src1(src0_type, src1, wdata, ith, nth)
     if quantized:
-        rows = wdata[:ne13 * ne12 * ne11 * k * Q8_0_BYTES].reshape(ne13, ne12, ne11, k * Q8_0_BYTES)
+        rows = wdata[:ne13 * ne12 * ne11 * k * Q8_0_BYTES]
+        rows = rows.reshape(ne13, ne12, ne11, k * Q8_0_BYTES)
         return attempt(Type.Q8_0, rows, k)
-    return attempt(Type.F16, wdata.view(np.uint16)[:src1.size].reshape(src1.shape), ne10)
+    halves = wdata.view(np.uint16)[:src1.size].reshape(src1.shape)
+    return attempt(Type.F16, halves, ne10)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-dot
 Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
@@ -226,28 +257,35 @@ Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _q0_dot(A, ao, B, bo, c):
     """One block of one output: c + (the 32 int8 products summed in fours) * dA * dB, as
-    ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX both add it (one fused multiply-add per lane)."""
-    return c + vfloat(mul_sum_i8_pairs(vload(A, ao + 2, 32), vload(B, bo + 2, 32))) * (V._h(A, ao) * V._h(B, bo))
+    ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX both add it (one fused multiply-add per
+    lane)."""
+    sumi = mul_sum_i8_pairs(vload(A, ao + 2, 32), vload(B, bo + 2, 32))
+    return c + vfloat(sumi) * (V._h(A, ao) * V._h(B, bo))
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-tile
 @njit(cache=True, nogil=True, error_model="numpy")
 def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn):
-    """tinyBLAS_Q0_AVX's tile of rm x rn outputs C[ldc*(jj+j) + ii+i], A's rows ii.. by B's rows
-    jj.. (lda, ldb: row strides in bytes; k blocks). The 4 x 2 and 4 x 1 tiles (gemm4xN) load a
-    block of A once for both columns and a block of B once for four rows; the other tiles, at
-    the edges, go output by output. Every output is ggml_vec_dot_q8_0_q8_0's: the same bits
-    whatever the tile."""
+    """tinyBLAS_Q0_AVX's tile of rm x rn outputs C[ldc*(jj+j) + ii+i], A's rows ii.. by
+    B's rows jj.. (lda, ldb: row strides in bytes; k blocks). The 4 x 2 and 4 x 1 tiles
+    (gemm4xN) load a block of A once for both columns and a block of B once for four
+    rows; the other tiles, at the edges, go output by output. Every output is
+    ggml_vec_dot_q8_0_q8_0's: the same bits whatever the tile."""
     if rm == 4 and rn <= 2:
-        j1 = jj + rn - 1                                  # a 4 x 1 tile computes its column twice
-        c00, c01, c02, c03 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
-        c10, c11, c12, c13 = vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8), vzero(np.float32, 8)
+        j1 = jj + rn - 1                        # a 4 x 1 tile computes its column twice
+        z = vzero(np.float32, 8)
+        c00, c01, c02, c03 = z, z, z, z
+        c10, c11, c12, c13 = z, z, z, z
         a0, a1, a2, a3 = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
         b0, b1 = ldb * jj, ldb * j1
         for l in range(0, k * Q8_0_BYTES, Q8_0_BYTES):
-            c00, c01 = _q0_dot(A, a0 + l, B, b0 + l, c00), _q0_dot(A, a1 + l, B, b0 + l, c01)
-            c02, c03 = _q0_dot(A, a2 + l, B, b0 + l, c02), _q0_dot(A, a3 + l, B, b0 + l, c03)
-            c10, c11 = _q0_dot(A, a0 + l, B, b1 + l, c10), _q0_dot(A, a1 + l, B, b1 + l, c11)
-            c12, c13 = _q0_dot(A, a2 + l, B, b1 + l, c12), _q0_dot(A, a3 + l, B, b1 + l, c13)
+            c00 = _q0_dot(A, a0 + l, B, b0 + l, c00)
+            c01 = _q0_dot(A, a1 + l, B, b0 + l, c01)
+            c02 = _q0_dot(A, a2 + l, B, b0 + l, c02)
+            c03 = _q0_dot(A, a3 + l, B, b0 + l, c03)
+            c10 = _q0_dot(A, a0 + l, B, b1 + l, c10)
+            c11 = _q0_dot(A, a1 + l, B, b1 + l, c11)
+            c12 = _q0_dot(A, a2 + l, B, b1 + l, c12)
+            c13 = _q0_dot(A, a3 + l, B, b1 + l, c13)
         o = ldc * jj + ii
         C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c00), vsum(c01), vsum(c02), vsum(c03)
         o = ldc * j1 + ii
@@ -261,8 +299,8 @@ def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn):
             C[ldc * j + i] = vsum(c)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-gemm
-# mnpack's tile (mc, nc) for (min(m - m0, 4), min(n - n0, 4)) with 16 vector registers (AVX2),
-# indexed [rows - 1, cols - 1]: 4 x 2 wherever four rows and two columns are left
+# mnpack's tile (mc, nc) for (min(m - m0, 4), min(n - n0, 4)) with 16 vector registers
+# (AVX2), indexed [rows - 1, cols - 1]: 4 x 2 wherever 4 rows and 2 columns are left
 _MNPACK = np.array([[(1, 1), (1, 2), (1, 3), (1, 4)],
                     [(2, 1), (2, 2), (2, 3), (2, 4)],
                     [(3, 1), (3, 2), (3, 2), (2, 4)],
@@ -271,10 +309,10 @@ _MNPACK = np.array([[(1, 1), (1, 2), (1, 3), (1, 4)],
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
-    """tinyBLAS_Q0_AVX::matmul(m, n) for thread ith of nth (lda, ldb in bytes): mnpack takes the
-    widest tile that fits what is left, gives each thread an equal run of those tiles (no
-    counter, no barrier), then packs the rows and the columns left over the same way. ggml
-    recurses; here a stack of regions, popped in ggml's order."""
+    """tinyBLAS_Q0_AVX::matmul(m, n) for thread ith of nth (lda, ldb in bytes): mnpack
+    takes the widest tile that fits what is left, gives each thread an equal run of
+    those tiles (no counter, no barrier), then packs the rows and the columns left over
+    the same way. ggml recurses; here a stack of regions, popped in ggml's order."""
     stack = np.empty((32, 4), np.int64)
     stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = 0, m, 0, n
     top = 1
@@ -287,22 +325,28 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         ytiles, xtiles = (m1 - m0) // mc, (n1 - n0) // nc
         duty = (ytiles * xtiles + nth - 1) // nth
         for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
-            q0_tile(A, lda, B, ldb, C, ldc, k, m0 + job // xtiles * mc, n0 + job % xtiles * nc, mc, nc)
+            ii, jj = m0 + job // xtiles * mc, n0 + job % xtiles * nc
+            q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, mc, nc)
         mp, np_ = m0 + ytiles * mc, n0 + xtiles * nc
-        stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = m0, m1, np_, n1     # then these
-        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2], stack[top + 1, 3] = mp, m1, n0, np_
+        # what is left, two regions: the second pushed (rows mp..m1) is popped first
+        stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = m0, m1, np_, n1
+        stack[top + 1, 0], stack[top + 1, 1] = mp, m1
+        stack[top + 1, 2], stack[top + 1, 3] = n0, np_
         top += 2
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_q0_planes(A, B, C, ld, m, n, k, ith, nth):
-    """gemm_planes for Q8_0 x Q8_0: ggml's llamafile_sgemm call for every plane (i12, i13), on
-    flat A, B (bytes) and C, ld as for gemm_planes (A's and B's strides in bytes)."""
+    """gemm_planes for Q8_0 x Q8_0: ggml's llamafile_sgemm call for every plane (i12,
+    i13), on flat A, B (bytes) and C, ld as for gemm_planes (A's and B's strides in
+    bytes)."""
     lda, ldb, ldc, r2, r3, ne12 = ld[0], ld[3], ld[6], ld[9], ld[10], ld[11]
     for p in range(ne12 * ld[12]):
         i12, i13 = p % ne12, p // ne12
-        gemm_q0(A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:], lda, B[i12 * ld[4] + i13 * ld[5]:], ldb,
-                C[i12 * ld[7] + i13 * ld[8]:], ldc, k, m, n, ith, nth)
+        a = A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:]
+        b = B[i12 * ld[4] + i13 * ld[5]:]
+        c = C[i12 * ld[7] + i13 * ld[8]:]
+        gemm_q0(a, lda, b, ldb, c, ldc, k, m, n, ith, nth)
 
 # %% book/06_cpu_compute.ipynb #304eee36
 def _flat(x):

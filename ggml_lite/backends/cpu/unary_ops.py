@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ggml_lite.backends.cpu.common import check_4d, get_thread_range, ld, ne_of, st, storage, table_f32_f16
+from ggml_lite.backends.cpu.common import (
+    check_4d, get_thread_range, ld, ne_of, st, storage, table_f32_f16)
 from ggml_lite.backends.cpu.vexp import v_silu8, vput8, vrow8
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import GluOp, UnaryOp
@@ -45,10 +46,10 @@ _tanhf, _expf = _libm_f32(np.tanh), _libm_f32(np.exp)
 _GELU_F16 = _fp16_table(lambda x: np.float32(0.5) * x * (np.float32(1.0) + _tanhf(
     _SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x))))
 # ggml_gelu_quick_f32
-_GELU_QUICK_F16 = _fp16_table(lambda x: x * (np.float32(1.0) / (np.float32(1.0)
-                                                                + _expf(_GELU_QUICK_COEF * x))))
+_GELU_QUICK_F16 = _fp16_table(
+    lambda x: x * (np.float32(1.0) / (np.float32(1.0) + _expf(_GELU_QUICK_COEF * x))))
 
-
+# %% book/05_cpu_kernels.ipynb #95f7932d
 @njit(cache=True, nogil=True, error_model="numpy")
 def _gelu_f32(x):
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: x <= -10 -> 0, x >= 10 -> x, otherwise the
@@ -220,7 +221,8 @@ def forward_gelu(src0, dst, ith=0, nth=1):
 
 # %% book/05_cpu_kernels.ipynb #kern-by8
 def _silu_by_8(x, y, n):
-    """ggml_vec_silu_f32's eights: y[:8k] = v_silu8(x[:8k]) when both rows are F32; 8k."""
+    """ggml_vec_silu_f32's eights: y[:8k] = v_silu8(x[:8k]) when both rows are F32;
+    returns 8k."""
 
 
 @overload(_silu_by_8, inline="always")
@@ -256,7 +258,8 @@ def _glu_by_8_impl(op, x, g, y, offa, offb, nc):
 
 # %% book/05_cpu_kernels.ipynb #kern-swiglu
 # enum ggml_glu_op as plain ints for the compiled code
-_REGLU, _GEGLU, _SWIGLU, _SWIGLU_OAI, _GEGLU_ERF, _GEGLU_QUICK = (int(g) for g in GluOp if g != GluOp.COUNT)
+_REGLU, _GEGLU, _SWIGLU, _SWIGLU_OAI, _GEGLU_ERF, _GEGLU_QUICK = (
+    int(g) for g in GluOp if g != GluOp.COUNT)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -270,7 +273,8 @@ def _glu_f32(op, x, g, alpha, limit):
     if op == _REGLU:
         return x * g if x > np.float32(0.0) else np.float32(0.0)
     if op == _GEGLU_ERF:
-        return np.float32(0.5) * x * (np.float32(1.0) + np.float32(math.erf(x * _SQRT_2_INV))) * g
+        erf = np.float32(math.erf(x * _SQRT_2_INV))
+        return np.float32(0.5) * x * (np.float32(1.0) + erf) * g
     # GGML_GELU_QUICK_FP16: the table at fp16(x)
     if op == _GEGLU_QUICK:
         return _gelu_quick_f32(x) * g
@@ -279,7 +283,7 @@ def _glu_f32(op, x, g, alpha, limit):
     y = min(max(g, -limit), limit)
     return x / (np.float32(1.0) + np.exp(alpha * (-x))) * (y + np.float32(1.0))
 
-
+# %% book/05_cpu_kernels.ipynb #a236002b
 def _glu_at(op, xv, g, alpha, limit):
     """The GLU of one stored gate element xv (float32, or fp16 bits) and the float32
     value g."""
@@ -301,7 +305,7 @@ def _glu_at_impl(op, xv, g, alpha, limit):
         return _glu_f32(op, table_f32_f16[xv], g, alpha, limit)
     return f16
 
-
+# %% book/05_cpu_kernels.ipynb #039609bf
 @njit(cache=True, nogil=True, error_model="numpy")
 def _glu(op, a, b, d, offa, offb, t, alpha, limit, ith, nth):
     ne3, ne2, ne1, nc = d.shape
@@ -326,7 +330,7 @@ def glu_types(op):
     dst)."""
     return (Type.F32,) if op == GluOp.SWIGLU_OAI else (Type.F32, Type.F16)
 
-
+# %% book/05_cpu_kernels.ipynb #55c4b099
 def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
     """forward_glu's checks, made once: the arguments of the row loop _glu before (ith,
     nth)."""
@@ -350,7 +354,7 @@ def glu_operands(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0):
     offa, offb = (0, 0) if src1 is not None else ((nc, 0) if swapped else (0, nc))
     return int(op), a, b, d, offa, offb, ta, np.float32(alpha), np.float32(limit)
 
-
+# %% book/05_cpu_kernels.ipynb #1ea0b901
 def forward_glu(src0, src1, dst, op, swapped=False, alpha=1.702, limit=7.0, ith=0,
                 nth=1):
     """ggml_compute_forward_glu: dst = act(gate) * value for the GluOp op. Split (src1

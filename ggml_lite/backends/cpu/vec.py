@@ -27,7 +27,8 @@ from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
 _FLOAT_DTYPE = {Type.F32: np.dtype(np.float32), Type.F16: np.dtype(np.float16),
                 Type.BF16: np.dtype(np.uint16)}
-_Q4_0, _Q4_1, _Q8_0, _Q4_K, _Q6_K = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q8_0), int(Type.Q4_K), int(Type.Q6_K)
+_Q4_0, _Q4_1, _Q8_0 = int(Type.Q4_0), int(Type.Q4_1), int(Type.Q8_0)
+_Q4_K, _Q6_K = int(Type.Q4_K), int(Type.Q6_K)
 
 # %% book/05_cpu_kernels.ipynb #kern-floatdots
 # let LLVM split the sum over vector lanes and fuse mul+add
@@ -119,7 +120,7 @@ def vec_dot_q4_0_q8_0(n, x, y):
         acc += vfloat(sumi) * (_h(x, xo) * _h(y, yo))
     return vsum(acc)
 
-
+# %% book/05_cpu_kernels.ipynb #07afe227
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_1_q8_1(n, x, y):
     """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s,
@@ -130,8 +131,8 @@ def vec_dot_q4_1_q8_1(n, x, y):
         xo, yo = ib * 20, ib * 36
         summs += _h(x, xo + 2) * _h(y, yo + 2)
         q = vload(x, xo + 4, 16)
-        acc += vfloat(vdot4(vcat(q & 15, q >> 4), vi8(vload(y, yo + 4, 32)))) * (_h(x,
-                                                                                    xo) * _h(y, yo))
+        sumi = vdot4(vcat(q & 15, q >> 4), vi8(vload(y, yo + 4, 32)))
+        acc += vfloat(sumi) * (_h(x, xo) * _h(y, yo))
     return vsum(acc) + summs
 
 
@@ -168,8 +169,8 @@ def vec_dot_q4_K_q8_K(n, x, y):
         m_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)
         mins = vi16(vas(vpack((np.uint32(m_lo), np.uint32(m_hi))), np.uint8))
         yd = _f(y, yo)
-        acc_m += vfloat(vdot(mins, vpairs(vload_i16(y, yo + 260, 16)))) * (-yd * _h(x,
-                                                                                    xo + 2))
+        acc_m += (vfloat(vdot(mins, vpairs(vload_i16(y, yo + 260, 16))))
+                  * (-yd * _h(x, xo + 2)))
         sumi = vzero(np.int32, 8)
         # 32 bytes of qs: sub-block 2j (low), 2j+1 (high nibbles)
         for j in range(4):
@@ -198,7 +199,8 @@ def vec_dot_q6_K_q8_K(n, x, y):
         xo, yo = ib * 210, ib * 292
         sumi = vzero(np.int32, 8)
         for h in range(2):
-            ql, qh, sc, q8 = xo + 64 * h, xo + 128 + 32 * h, xo + 192 + 8 * h, yo + 4 + 128 * h
+            ql, qh = xo + 64 * h, xo + 128 + 32 * h
+            sc, q8 = xo + 192 + 8 * h, yo + 4 + 128 * h
             b1, b2, c = vload(x, ql, 32), vload(x, ql + 32, 32), vload(x, qh, 32)
             q0 = (b1 & 15) | ((c & 3) << 4)            # elements 0..31 of the half
             q1 = (b2 & 15) | ((c & 12) << 2)           # 32..63
@@ -255,8 +257,8 @@ def _atomic_add(typingctx, counter, idx, val):
     """counter[idx] += val as one atomic read-modify-write (relaxed, as ggml's chunk
     counter); returns the old value. numba has no atomics of its own, so this emits
     LLVM's atomicrmw."""
-    if not (isinstance(counter,
-                       types.Array) and counter.dtype == types.int64 and counter.ndim == 1):
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64
+            and counter.ndim == 1):
         return None
     sig = types.int64(counter, idx, val)
 
@@ -301,7 +303,7 @@ def _mm_src1(vdt, b, w, rs, bs, ts, ith, nth):
                 else:
                     _quantize_row(vdt, x, y)
 
-
+# %% book/05_cpu_kernels.ipynb #8ef8f9d4
 def _needs_conversion(src0_type, src1):
     vdt = get_type_traits(Type(src0_type)).vec_dot_type
     return not (vdt in _FLOAT_DTYPE and src1.dtype == _FLOAT_DTYPE[vdt])
@@ -325,9 +327,9 @@ def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
     vdt = get_type_traits_cpu(src0_type).vec_dot_type
     need = row_size(vdt, src1.size)
     if wdata is None or wdata.dtype != np.uint8 or wdata.ndim != 1 or wdata.size < need:
+        got = None if wdata is None else f"{wdata.dtype} x {wdata.shape}"
         raise GGMLError(f"mul_mat: converting src1 to {type_name(vdt)} needs a uint8 "
-                        f"work buffer of "
-                        f"{need} bytes, got {None if wdata is None else f'{wdata.dtype} x {wdata.shape}'}")
+                        f"work buffer of {need} bytes, got {got}")
     _mm_src1(int(vdt), src1, wdata, row_size(vdt, src1.shape[3]), blck_size(vdt),
              type_size(vdt), ith, nth)
 
@@ -423,7 +425,8 @@ def _mm_chunks_q(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_chunks_f(t, n, a, b, d, nchunk0, nchunk1, dr0, dr1, counter, owner, ith, nth):
-    nr0, nr1, nchunk = d.shape[3], b.shape[0] * b.shape[1] * b.shape[2], nchunk0 * nchunk1
+    nr0, nr1 = d.shape[3], b.shape[0] * b.shape[1] * b.shape[2]
+    nchunk = nchunk0 * nchunk1
     c = ith
     while c < nchunk:
         ir0, ir1 = dr0 * (c % nchunk0), dr1 * (c // nchunk0)
@@ -466,15 +469,17 @@ def mul_mat_check(src0_type, src0, src1, dst):
             raise GGMLError(f"mul_mat: {name} must be 4-D (ne3, ne2, ne1, ne0), got "
                             f"shape {x.shape}")
     if src0.dtype != _FLOAT_DTYPE.get(t, np.dtype(np.uint8)):
-        raise GGMLError(f"mul_mat: {type_name(t)} src0 must be {_FLOAT_DTYPE.get(t, 'uint8 bytes')}, got {src0.dtype}")
+        raise GGMLError(f"mul_mat: {type_name(t)} src0 must be "
+                        f"{_FLOAT_DTYPE.get(t, 'uint8 bytes')}, got {src0.dtype}")
     if src1.dtype != np.float32 and _needs_conversion(t, src1):
         raise GGMLError(f"mul_mat: src1 must be F32 or {type_name(vdt)}, got "
                         f"{src1.dtype}")
     ne03, ne02, ne01 = src0.shape[:3]
-    ne00 = src0.shape[3] if t in _FLOAT_DTYPE else src0.shape[3] // type_size(t) * blck_size(t)
+    ne00 = (src0.shape[3] if t in _FLOAT_DTYPE
+            else src0.shape[3] // type_size(t) * blck_size(t))
     ne13, ne12, ne11, ne10 = src1.shape
-    if ne00 != ne10 or ne12 % ne02 or ne13 % ne03 or dst.shape != (ne13, ne12, ne11,
-                                                                   ne01):
+    if (ne00 != ne10 or ne12 % ne02 or ne13 % ne03
+            or dst.shape != (ne13, ne12, ne11, ne01)):
         raise GGMLError(f"mul_mat: src0 [{ne00}, {ne01}, {ne02}, {ne03}] and src1 "
                         f"[{ne10}, {ne11}, {ne12}, {ne13}] "
                         f"do not give dst {list(dst.shape[::-1])} (ne00 == ne10, ne12 "
@@ -500,8 +505,8 @@ def _mm_operands(src0_type, src0, src1, wdata):
         b = src1.view(np.uint16)
     elif _needs_conversion(t, src1):
         vdt = get_type_traits(t).vec_dot_type
-        b = wdata if t not in _FLOAT_DTYPE else wdata[:row_size(vdt,
-                                                                src1.size)].view(np.uint16).reshape(src1.shape)
+        b = (wdata if t not in _FLOAT_DTYPE
+             else wdata[:row_size(vdt, src1.size)].view(np.uint16).reshape(src1.shape))
     return int(t), src1.shape[3], a, b, t not in _FLOAT_DTYPE
 
 

@@ -23,10 +23,11 @@ def _fmaf(typingctx, a, b, c):
         return builder.call(f, list(args))
     return types.float32(a, b, c), codegen
 
-
+# %% book/05_cpu_kernels.ipynb #878c30f7
 @intrinsic
 def _bits(typingctx, x):
-    """The bits of a float32 as an int32 (_mm256_castps_si256), or of an int32 as a float32."""
+    """The bits of a float32 as an int32 (_mm256_castps_si256), or of an int32 as a
+    float32."""
     if x not in (types.float32, types.int32):
         return None
     out = types.int32 if x == types.float32 else types.float32
@@ -35,28 +36,33 @@ def _bits(typingctx, x):
         return builder.bitcast(args[0], context.get_value_type(out))
     return out(x), codegen
 
-
-_E_R, _E_LOG2E = np.float32(float.fromhex("0x1.8p23")), np.float32(float.fromhex("0x1.715476p+0"))
-_E_LN2_HI, _E_LN2_LO = np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20"))
+# %% book/05_cpu_kernels.ipynb #adbff428
+_E_R = np.float32(float.fromhex("0x1.8p23"))
+_E_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_E_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_E_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
 _E_P = tuple(np.float32(float.fromhex(h)) for h in
-             ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3", "0x1.573e2ep-5", "0x1.0e4020p-7"))
+             ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3", "0x1.573e2ep-5",
+              "0x1.0e4020p-7"))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def v_expf(x):
-    """One lane of ggml_v_expf (AVX2): exp(x) in float32, as ggml's soft_max and silu take it."""
+    """One lane of ggml_v_expf (AVX2): exp(x) in float32, as ggml's soft_max and silu
+    take it."""
     z = _fmaf(x, _E_LOG2E, _E_R)
     n = z - _E_R
     b = _fmaf(-n, _E_LN2_LO, _fmaf(-n, _E_LN2_HI, x))
-    e = np.int32((np.int64(_bits(z)) << 23) & 0xFFFFFFFF)            # slli_epi32 (wraps)
-    k = _bits(np.int32(np.int64(e) + 0x3F800000))                   # + the bits of 1.0f
+    e = np.int32((np.int64(_bits(z)) << 23) & 0xFFFFFFFF)     # slli_epi32 (wraps)
+    k = _bits(np.int32(np.int64(e) + 0x3F800000))            # + the bits of 1.0f
     u = b * b
-    j = _fmaf(_fmaf(_fmaf(_E_P[4], b, _E_P[3]), u, _fmaf(_E_P[2], b, _E_P[1])), u, _E_P[0] * b)
+    j = _fmaf(_fmaf(_fmaf(_E_P[4], b, _E_P[3]), u, _fmaf(_E_P[2], b, _E_P[1])), u,
+              _E_P[0] * b)
     if not abs(n) > np.float32(126.0):
         return _fmaf(j, k, k)
-    g = np.int64(-2113929216) if n <= 0 else np.int64(0)           # 0x82000000 where n <= 0
+    g = np.int64(-2113929216) if n <= 0 else np.int64(0)  # 0x82000000 where n <= 0
     s1 = _bits(np.int32(g + 0x7F000000))
-    s2 = _bits(np.int32((np.int64(e) - g) & 0xFFFFFFFF))                # sub_epi32 (wraps)
+    s2 = _bits(np.int32((np.int64(e) - g) & 0xFFFFFFFF))  # sub_epi32 (wraps)
     if abs(n) > np.float32(192.0):
         return s1 * s1
     return _fmaf(s2, j, s2) * s1
@@ -94,7 +100,8 @@ def _expf_ir(builder, x):
     slow = builder.fcmp_ordered(">", absn, c(126.0))
     huge = builder.fcmp_ordered(">", absn, c(192.0))
     g = builder.select(builder.fcmp_ordered("<=", n, c(0.0)),
-                       ir.Constant(i8, [0x82000000 - (1 << 32)] * 8), ir.Constant(i8, None))
+                       ir.Constant(i8, [0x82000000 - (1 << 32)] * 8),
+                       ir.Constant(i8, None))
     s1 = bits(builder.add(g, ir.Constant(i8, [0x7F000000] * 8)), f8)
     s2 = bits(builder.sub(e, g), f8)
     scaled = builder.fmul(fma(s2, j, s2), s1)
@@ -116,8 +123,8 @@ def _f32x8_intrinsic(body):
 def _silu_ir(builder, x):
     """ggml_v_silu (AVX2): x / (1 + v_expf(0 - x))."""
     one = ir.Constant(x.type, [1.0] * 8)
-    return builder.fdiv(x, builder.fadd(one, _expf_ir(builder,
-                                                        builder.fsub(ir.Constant(x.type, None), x))))
+    neg = builder.fsub(ir.Constant(x.type, None), x)
+    return builder.fdiv(x, builder.fadd(one, _expf_ir(builder, neg)))
 
 
 # v_expf8(v), v_silu8(v): eight lanes at once, ggml_v_expf's and ggml_v_silu's bits
@@ -159,7 +166,8 @@ def vput8(y, i, v):
         _vptr8(y, i, v)
         return
     y[i], y[i + 1], y[i + 2], y[i + 3] = vget(v, 0), vget(v, 1), vget(v, 2), vget(v, 3)
-    y[i + 4], y[i + 5], y[i + 6], y[i + 7] = vget(v, 4), vget(v, 5), vget(v, 6), vget(v, 7)
+    y[i + 4], y[i + 5] = vget(v, 4), vget(v, 5)
+    y[i + 6], y[i + 7] = vget(v, 6), vget(v, 7)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
