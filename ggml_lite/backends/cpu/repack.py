@@ -14,10 +14,10 @@ from ggml_lite.backend import BackendBufferType, backend_cpu_buffer_type
 from ggml_lite.backend_buffer import HostBuffer, host_bytes
 from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
 from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload,
                                          vload_f16, vpairs, vzero)
 from ggml_lite.backends.cpu.table import CpuKernel
+from ggml_lite.backends.cpu.vec import fp16_at
 from ggml_lite.core import GGMLError, Status, require
 from ggml_lite.layout import nbytes
 from ggml_lite.ops import Op
@@ -141,11 +141,6 @@ def _row8(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, y, yo, ysum):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _h(b, o):
-    return _F16_TABLE[np.int32(b[o]) | (np.int32(b[o + 1]) << 8)]
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def _block_sums(y, rs, nb, j0, j1):
     """The sum of the 32 int8 of every block of activation rows [j0, j1): int32 [j1 -
     j0, nb]."""
@@ -168,72 +163,60 @@ def _unpack(x, o):
     return u0 & 15, u1 & 15, u2 & 15, u3 & 15, u0 >> 4, u1 >> 4, u2 >> 4, u3 >> 4
 
 # %% book/07c_backend_devices.ipynb #repack-gemm
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _acc1(q, y, yo, ysum, dw):
+    """One activation row's share of one block: the 8 rows' int32 dots (q: the block's
+    codes, unpacked) as floats times d_w * d_y, what ggml's AVX2 kernel multiply-adds
+    into that row's 8 accumulator lanes."""
+    l0, l1, l2, l3, h0, h1, h2, h3 = q
+    isum = _row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo, ysum)
+    return vfloat(isum) * (dw * fp16_at(y, yo))
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
     """ggml_gemm_q4_0_8x8_q8_0 and ggml_gemv_q4_0_8x8_q8_0: out[j, 8g:8g+8] for the
     weight groups g in [g0, g1) (block_q4_0x8 rows in x, their uint16 view xh) and
-    the activation rows j in [j0, j1) (block_q8_0 rows of rs bytes in y); per block,
-    acc = fma(float(isum), d_w * d_y, acc), as ggml's AVX2 lanes do."""
-    nb = n // QK
-    gs = nb * BLOCK_Q4_0X8
-    ys = _block_sums(y, rs, nb, j0, j1)
+    the activation rows j in [j0, j1) (block_q8_0 rows of rs bytes in y): 8, then 4
+    activation rows at a time, then one (the gemv); per block acc = fma(float(isum),
+    d_w * d_y, acc), as ggml's AVX2 lanes do."""
+    nb, z = n // QK, vzero(np.float32, 8)
+    gs, ys = nb * BLOCK_Q4_0X8, _block_sums(y, rs, nb, j0, j1)
     for g in range(g0, g1):
         j = j0
         while j + 8 <= j1:
-            a0, a1, a2, a3 = (vzero(np.float32, 8), vzero(np.float32, 8),
-                              vzero(np.float32, 8), vzero(np.float32, 8))
-            a4, a5, a6, a7 = (vzero(np.float32, 8), vzero(np.float32, 8),
-                              vzero(np.float32, 8), vzero(np.float32, 8))
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = z
             for b in range(nb):
-                o = g * gs + b * BLOCK_Q4_0X8
-                l0, l1, l2, l3, h0, h1, h2, h3 = _unpack(x, o)
-                dw, yo, k = vload_f16(xh, o // 2, 8), j * rs + b * 34, j - j0
-                a0 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo,
-                                   ys[k, b])) * (dw * _h(y, yo))
-                a1 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + rs,
-                                   ys[k + 1, b])) * (dw * _h(y, yo + rs))
-                a2 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 2 * rs,
-                                   ys[k + 2, b])) * (dw * _h(y, yo + 2 * rs))
-                a3 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 3 * rs,
-                                   ys[k + 3, b])) * (dw * _h(y, yo + 3 * rs))
-                a4 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 4 * rs,
-                                   ys[k + 4, b])) * (dw * _h(y, yo + 4 * rs))
-                a5 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 5 * rs,
-                                   ys[k + 5, b])) * (dw * _h(y, yo + 5 * rs))
-                a6 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 6 * rs,
-                                   ys[k + 6, b])) * (dw * _h(y, yo + 6 * rs))
-                a7 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 7 * rs,
-                                   ys[k + 7, b])) * (dw * _h(y, yo + 7 * rs))
+                o, yo, k = g * gs + b * BLOCK_Q4_0X8, j * rs + b * 34, j - j0
+                q, dw = _unpack(x, o), vload_f16(xh, o // 2, 8)
+                a0 += _acc1(q, y, yo, ys[k, b], dw)
+                a1 += _acc1(q, y, yo + rs, ys[k + 1, b], dw)
+                a2 += _acc1(q, y, yo + 2 * rs, ys[k + 2, b], dw)
+                a3 += _acc1(q, y, yo + 3 * rs, ys[k + 3, b], dw)
+                a4 += _acc1(q, y, yo + 4 * rs, ys[k + 4, b], dw)
+                a5 += _acc1(q, y, yo + 5 * rs, ys[k + 5, b], dw)
+                a6 += _acc1(q, y, yo + 6 * rs, ys[k + 6, b], dw)
+                a7 += _acc1(q, y, yo + 7 * rs, ys[k + 7, b], dw)
             for r, acc in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
                 _vstore(out[j + r], 8 * g, acc)
             j += 8
         while j + 4 <= j1:
-            a0, a1, a2, a3 = (vzero(np.float32, 8), vzero(np.float32, 8),
-                              vzero(np.float32, 8), vzero(np.float32, 8))
+            a0 = a1 = a2 = a3 = z
             for b in range(nb):
-                o = g * gs + b * BLOCK_Q4_0X8
-                l0, l1, l2, l3, h0, h1, h2, h3 = _unpack(x, o)
-                dw, yo, k = vload_f16(xh, o // 2, 8), j * rs + b * 34, j - j0
-                a0 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo,
-                                   ys[k, b])) * (dw * _h(y, yo))
-                a1 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + rs,
-                                   ys[k + 1, b])) * (dw * _h(y, yo + rs))
-                a2 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 2 * rs,
-                                   ys[k + 2, b])) * (dw * _h(y, yo + 2 * rs))
-                a3 += vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo + 3 * rs,
-                                   ys[k + 3, b])) * (dw * _h(y, yo + 3 * rs))
+                o, yo, k = g * gs + b * BLOCK_Q4_0X8, j * rs + b * 34, j - j0
+                q, dw = _unpack(x, o), vload_f16(xh, o // 2, 8)
+                a0 += _acc1(q, y, yo, ys[k, b], dw)
+                a1 += _acc1(q, y, yo + rs, ys[k + 1, b], dw)
+                a2 += _acc1(q, y, yo + 2 * rs, ys[k + 2, b], dw)
+                a3 += _acc1(q, y, yo + 3 * rs, ys[k + 3, b], dw)
             for r, acc in enumerate((a0, a1, a2, a3)):
                 _vstore(out[j + r], 8 * g, acc)
             j += 4
         while j < j1:                                   # the gemv: one activation row
-            acc = vzero(np.float32, 8)
+            acc = z
             for b in range(nb):
-                o = g * gs + b * BLOCK_Q4_0X8
-                l0, l1, l2, l3, h0, h1, h2, h3 = _unpack(x, o)
-                yo = j * rs + b * 34
-                acc += (vfloat(_row8(l0, l1, l2, l3, h0, h1, h2, h3, y, yo,
-                                     ys[j - j0, b]))
-                        * (vload_f16(xh, o // 2, 8) * _h(y, yo)))
+                o, yo = g * gs + b * BLOCK_Q4_0X8, j * rs + b * 34
+                acc += _acc1(_unpack(x, o), y, yo, ys[j - j0, b], vload_f16(xh, o // 2, 8))
             _vstore(out[j], 8 * g, acc)
             j += 1
 

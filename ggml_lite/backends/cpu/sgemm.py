@@ -260,7 +260,7 @@ def _q0_dot(A, ao, B, bo, c):
     ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX both add it (one fused multiply-add per
     lane)."""
     sumi = mul_sum_i8_pairs(vload(A, ao + 2, 32), vload(B, bo + 2, 32))
-    return c + vfloat(sumi) * (V._h(A, ao) * V._h(B, bo))
+    return c + vfloat(sumi) * (V.fp16_at(A, ao) * V.fp16_at(B, bo))
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-tile
 @njit(cache=True, nogil=True, error_model="numpy")
