@@ -216,7 +216,8 @@ def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
             acc = z
             for b in range(nb):
                 o, yo = g * gs + b * BLOCK_Q4_0X8, j * rs + b * 34
-                acc += _acc1(_unpack(x, o), y, yo, ys[j - j0, b], vload_f16(xh, o // 2, 8))
+                dw = vload_f16(xh, o // 2, 8)
+                acc += _acc1(_unpack(x, o), y, yo, ys[j - j0, b], dw)
             _vstore(out[j], 8 * g, acc)
             j += 1
 
