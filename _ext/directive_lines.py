@@ -3,7 +3,8 @@
 A chapter's code cell may start with `#| export`, `#| exporti backends.cpu`, `#| module_only`,
 `#| default_exp tensor`, ... (tools/tangle.py reads them). They matter to the package, not to a
 reader: this drops them from the shown source, and drops a cell whose source was nothing but
-directives (and that has no output). A markdown cell that is one fenced CUDA block starts with
+directives (and that has no output). nbval's markers (`# NBVAL_IGNORE_OUTPUT`) are the test
+runner's, not the reader's, and go the same way. A markdown cell that is one fenced CUDA block starts with
 `//| export backends/cuda/FILE` instead; that line goes too. The notebooks themselves are
 unchanged.
 """
@@ -11,12 +12,12 @@ import re
 
 from docutils import nodes
 
-DIRECTIVE = re.compile(r"#\|\s")
+DIRECTIVE = re.compile(r"#\|\s|# NBVAL_")   # the tangler's lines and nbval's markers
 C_DIRECTIVE = re.compile(r"//\|\s")         # the first line of a fenced .cu block
 
 
 def strip_directives(source, directive=DIRECTIVE):
-    """The source without its leading `#| ...` lines (and the blank lines right after them)."""
+    """The source without its leading directive lines (and the blank lines right after them)."""
     lines = source.split("\n")
     i = 0
     while i < len(lines) and directive.match(lines[i]):
