@@ -273,8 +273,10 @@ def replay_to(server, c2s, s2c):
 def test_real_clients_requests_replayed_to_ggml_lite_server(server):
     """Every recorded connection of real ggml's client, replayed to ggml_lite's server: the same
     answers (version, device count, alignment, max size, buffer sizes, alloc sizes), and each
-    graph's output equal to ggml_lite computing it locally and to what real ggml's client got
-    from ggml_lite's server when the fixture was made."""
+    graph's output equal to ggml_lite computing it locally, and within mul_mat's limit of real
+    ggml's. (Not bit for bit what ggml_lite's server answered when the fixture was made: its
+    silu now follows ggml's AVX2 build, ggml_v_silu eight at a time, where the fixture's ggml, an
+    AVX-512 build, takes rows shorter than 16 through libm's expf; the mlp scenario's rows have 8.)"""
     cpu = ggml.backend_cpu_init()
     ggml.backend_cpu_set_n_threads(cpu, 1)
     outputs = []
@@ -282,7 +284,7 @@ def test_real_clients_requests_replayed_to_ggml_lite_server(server):
         outputs += replay_to(server, c2s, s2c)
     assert len(outputs) == len(S.SCENARIOS)
     for name, raw in zip(S.SCENARIOS, outputs):
-        assert raw.hex() == RUN.run_scenario(cpu, name).hex() == REF["scenarios"][name]["real_client_lite_server"]
+        assert raw.hex() == RUN.run_scenario(cpu, name).hex(), name
         real = RUN.output_values(name, bytes.fromhex(REF["scenarios"][name]["local"]))
         lite = RUN.output_values(name, raw)
         assert np.sum((real - lite) ** 2) <= 5e-4 * np.sum(real ** 2), name
