@@ -1235,3 +1235,68 @@ def test_silu_and_swiglu_are_ggmls_avx2_bits():
     forward_silu(x.reshape(1, 1, 1, n), silu)
     with np.errstate(all="ignore"):
         assert same(np.where(np.isnan(x), np.nan, silu.ravel() * g))
+
+
+def test_fp16_by_the_hardware_is_the_reference_conversion_but_for_signalling_nans():
+    """ggml-cpu converts float32 to fp16 with F16C on x86 (GGML_CPU_FP32_TO_FP16 is
+    _cvtss_sh(x, 0), ggml_cpu_fp32_to_fp16 stores eight with _mm256_cvtps_ph): round to
+    nearest even like fp32_to_fp16, which keeps a signalling NaN signalling where the
+    hardware makes it quiet. Rows of any length convert as their elements do."""
+    from numba import njit
+    from ggml_lite.backends.cpu import common as CM
+    from ggml_lite.backends.cpu import simd as S
+    from ggml_lite.types import fp32_to_fp16_row
+    if not S.F16C:
+        pytest.skip("the machine numba compiles for has no F16C")
+    rng = np.random.default_rng(7)
+    edges = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x33000000, 0x33000001, 0x387FE000,
+             0x387FF000, 0x38800000, 0x477FE000, 0x477FEFFF, 0x477FF000, 0x7F7FFFFF,
+             0x7FC00000, 0xFFC00001, 0x7F800001, 0xFF802000, 0x7FA00000]
+    bits = np.concatenate([np.array(edges, np.uint32), rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint32),
+                           (rng.integers(0x33000000, 0x47800000, 1 << 18, dtype=np.uint32)
+                            | rng.integers(0, 2, 1 << 18, dtype=np.uint32) << 31)])
+    x = bits.view(np.float32)
+
+    @njit
+    def hw(x):
+        y = np.empty(x.size, np.uint16)
+        for i in range(x.size):
+            y[i] = S.half_bits(x[i])
+        return y
+    got, ref = hw(x), np.empty(x.size, np.uint16)
+    fp32_to_fp16_row(x, ref)
+    snan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x7FFFFF) != 0) & ((bits & 0x400000) == 0)
+    assert snan.sum() > 100 and np.array_equal(got[~snan], ref[~snan])
+    quiet = ((bits[snan] >> 16) & 0x8000) | 0x7E00 | ((bits[snan] >> 13) & 0x3FF)
+    assert np.array_equal(got[snan], quiet.astype(np.uint16))   # made quiet, payload kept
+    for n in range(0, 21):                              # eights, then one by one
+        y = np.empty(n, np.uint16)
+        CM.cpu_fp32_to_fp16(x[:n], y)
+        assert np.array_equal(y, got[:n]), n
+
+
+def test_soft_max_row_max_is_ggmls_max_also_with_nans():
+    """ggml_vec_max_f32 takes max = MAX(max, x[i]) (a > b ? a : b) from -inf, one by one. The
+    eight-lane maxima give its number when no NaN is among the eights; with a NaN, where
+    MAX's answer depends on the order, the row goes one by one."""
+    from numba import njit
+    from ggml_lite.backends.cpu import ops as K
+
+    @njit
+    def row_max(y):
+        return K._row_max(y)
+
+    def ggml_max(y):
+        m = np.float32(-np.inf)
+        for v in y:
+            m = m if m > v else v
+        return m
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 8, 13, 16, 24, 37):
+        for nan_at in [None] + sorted({0, n // 2, n - 1}):
+            y = rng.standard_normal(n).astype(np.float32)
+            y[rng.integers(0, n)] = -np.inf
+            if nan_at is not None:
+                y[nan_at] = np.nan
+            want, got = ggml_max(y), row_max(y)
+            assert (np.isnan(want) and np.isnan(got)) or want == got, (n, nan_at, want, got)

@@ -8,6 +8,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from ggml_lite.backends.cpu.simd import F16C, half_bits, vstore_f16
+from ggml_lite.backends.cpu.vexp import vrow8
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, bf16_to_fp32, fp32_to_bf16, fp32_to_fp16
 
@@ -50,7 +52,22 @@ def st(f, t, like):
 def _st_impl(f, t, like):
     if isinstance(like.dtype, types.Float):
         return lambda f, t, like: np.float32(f)
+    if F16C:        # ggml's GGML_CPU_FP32_TO_FP16 on x86: the hardware's conversion
+        return lambda f, t, like: half_bits(f) if t == _F16 else fp32_to_bf16(f)
     return lambda f, t, like: fp32_to_fp16(f) if t == _F16 else fp32_to_bf16(f)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def cpu_fp32_to_fp16(x, y):
+    """ggml_cpu_fp32_to_fp16: y[i] = the fp16 bits of float32 x[i]; with F16C eight at
+    a time (vcvtps2ph), the rest one by one."""
+    n, i = x.shape[0], 0
+    if F16C and y.strides[0] == 2:
+        while i + 8 <= n:
+            vstore_f16(y, i, vrow8(x, i))
+            i += 8
+    for i in range(i, n):
+        y[i] = st(x[i], _F16, y)
 
 
 def storage(a, where):

@@ -8,7 +8,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ggml_lite.backends.cpu.common import check_4d, get_thread_range, ld, ne_of, st
+from ggml_lite.backends.cpu.common import (
+    check_4d, cpu_fp32_to_fp16, get_thread_range, ld, ne_of, st)
 from ggml_lite.backends.cpu.quants import (
     QUANTIZED, dequantize_row, quantize_row, storage_any)
 from ggml_lite.core import GGMLError
@@ -113,7 +114,16 @@ def _set_row_impl(b, i, td, d, i1):
     def store(b, i, td, d, i1):
         for k in range(b.shape[1]):
             d[i1, k] = st(b[i, k], td, d)
-    return store
+    if d.dtype != types.uint16:
+        return store
+
+    def store_f16(b, i, td, d, i1):
+        if td == _F16 and b.shape[1] >= 8:      # an F16 row: ggml_cpu_fp32_to_fp16
+            cpu_fp32_to_fp16(b[i], d[i1])
+            return
+        for k in range(b.shape[1]):
+            d[i1, k] = st(b[i, k], td, d)
+    return store_f16
 
 # %% book/05_cpu_kernels.ipynb #0031146a
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -225,6 +235,15 @@ def _dup_flt(a, ta, d, td, same, ith, nth):
                 i12, r = divmod(r, ne1 * ne0)
                 i11, i10 = divmod(r, ne0)
                 x = a[i03, i02, i01]
+                if ne00 == ne0:         # a row onto a row: no carry to walk
+                    y = d[i13, i12, i11]
+                    if same:
+                        for i00 in range(ne00):
+                            y[i00] = x[i00]
+                    else:
+                        for i00 in range(ne00):
+                            y[i00] = st(ld(x[i00], ta), td, d)
+                    continue
                 for i00 in range(ne00):
                     if same:
                         d[i13, i12, i11, i10] = x[i00]

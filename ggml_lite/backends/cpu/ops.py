@@ -7,11 +7,14 @@ __all__ = ['forward_scale', 'forward_rms_norm', 'forward_norm', 'soft_max_operan
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ggml_lite.backends.cpu.common import (
     check_4d, f32_only, get_thread_range, ld, ne_of, st, storage)
-from ggml_lite.backends.cpu.vexp import v_expf8, vhsum8, vput8, vrow8
+from ggml_lite.backends.cpu.simd import vload_f16, vpack
+from ggml_lite.backends.cpu.vexp import (
+    v_expf8, vhas_nan8, vhmax8, vhsum8, vmax8, vput8, vrow8)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, type_name
 
@@ -106,6 +109,62 @@ def forward_norm(src0, dst, eps, ith=0, nth=1):
     _check_norm("norm", src0, dst, eps)
     _norm(src0, dst, np.float32(eps), ith, nth)
 
+# %% book/05_cpu_kernels.ipynb #kern-softmax-row
+def _mask8(mrow, i):
+    """mrow[i], ..., mrow[i+7] of a mask row (F32, or F16 bits) as Vec(float32 x 8)."""
+
+
+@overload(_mask8, inline="always")
+def _mask8_impl(mrow, i):
+    if mrow.dtype == types.float32:
+        return lambda mrow, i: vrow8(mrow, i)
+
+    def f16(mrow, i):
+        if mrow.strides[0] == 2:
+            return vload_f16(mrow, i, 8)
+        return vpack((ld(mrow[i], _F16), ld(mrow[i + 1], _F16), ld(mrow[i + 2], _F16),
+                      ld(mrow[i + 3], _F16), ld(mrow[i + 4], _F16),
+                      ld(mrow[i + 5], _F16), ld(mrow[i + 6], _F16),
+                      ld(mrow[i + 7], _F16)))
+    return f16
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _soft_max_w(x, mrow, tm, has_mask, scale, slope, y):
+    """y = x*scale, then y += slope*mask: one pass each, eight lanes at a time (the
+    mask pass one by one under ALiBi, where slope*mask is not mask)."""
+    ne0, n8 = x.shape[0], x.shape[0] // 8 * 8
+    for i in range(0, n8, 8):
+        vput8(y, i, vrow8(x, i) * scale)
+    for i in range(n8, ne0):
+        y[i] = x[i] * scale
+    if has_mask and slope == 1:
+        for i in range(0, n8, 8):
+            vput8(y, i, vrow8(y, i) + _mask8(mrow, i))
+        for i in range(n8, ne0):
+            y[i] += ld(mrow[i], tm)
+    elif has_mask:
+        for i in range(ne0):
+            y[i] += slope * ld(mrow[i], tm)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row_max(y):
+    """ggml_vec_max_f32: max = MAX(max, y[i]) from -inf, MAX(a, b) = a > b ? a : b.
+    Eight running maxima where the first ne0 // 8 * 8 values hold no NaN."""
+    ne0, n8, i0 = y.shape[0], y.shape[0] // 8 * 8, 0
+    mx = np.float32(-np.inf)
+    if n8:
+        vmx, nan = vrow8(y, 0), False
+        for i in range(0, n8, 8):
+            v = vrow8(y, i)
+            vmx, nan = vmax8(vmx, v), nan | vhas_nan8(v)
+        if not nan:
+            mx, i0 = vhmax8(vmx), n8
+    for i in range(i0, ne0):
+        mx = mx if mx > y[i] else y[i]
+    return mx
+
 # %% book/05_cpu_kernels.ipynb #kern-softmax
 @njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
@@ -127,14 +186,8 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
                 # no mask: row 0, never read
                 mrow = m[i3 % ne13, i2 % ne12, i1 if has_mask else 0]
-                mx = np.float32(-np.inf)
-                # w = x*scale + slope*mask, kept in y
-                for i in range(ne0):
-                    w = x[i] * scale
-                    if has_mask:
-                        w += slope * ld(mrow[i], tm)
-                    y[i] = w
-                    mx = max(mx, w)
+                _soft_max_w(x, mrow, tm, has_mask, scale, slope, y)
+                mx = _row_max(y)
                 # ggml_vec_soft_max_f32 (AVX2): eight at a time, their float sum (hsum)
                 # added in double; the last ne0 % 8 with expf, one by one
                 s, i = 0.0, 0
@@ -148,7 +201,9 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                     y[i] = e
                     s += np.float64(e)
                 inv = np.float32(1.0 / s)
-                for i in range(ne0):
+                for i in range(0, ne0 // 8 * 8, 8):        # ggml_vec_scale_f32
+                    vput8(y, i, vrow8(y, i) * inv)
+                for i in range(ne0 // 8 * 8, ne0):
                     y[i] *= inv
 
 

@@ -408,6 +408,40 @@ def vmaddubs(typingctx, a, b):
         return _maddubs_ir(builder, args[0], args[1], n)
     return Vec(types.int16, n // 2)(a, b), codegen
 
+# %% book/92_making_python_fast.ipynb #kern-simd-f16-store
+F16C = "f16c" in _FEATURES   # vcvtps2ph / vcvtph2ps: fp16 conversions in hardware
+
+
+@intrinsic
+def vstore_f16(typingctx, a, i, v):
+    """Vec(float32 x n) v stored as n fp16 at a[i], ..., a[i+n-1] of a uint16 array:
+    `fptrunc float to half`, vcvtps2ph with F16C (ggml's _mm256_cvtps_ph(x, 0))."""
+    if not (isinstance(a, types.Array) and a.dtype == types.uint16
+            and isinstance(v, Vec) and v.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+        halves = ir.VectorType(ir.HalfType(), sig.args[2].count)
+        builder.store(builder.fptrunc(args[2], halves),
+                      builder.bitcast(ptr, halves.as_pointer()), align=2)
+        return context.get_dummy_value()
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
+def half_bits(typingctx, f):
+    """The fp16 bits (uint16) of float32 f, converted by the hardware: ggml's
+    GGML_CPU_FP32_TO_FP16 on x86 (_cvtss_sh(f, 0))."""
+    if not isinstance(f, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.float32)
+        return builder.bitcast(builder.fptrunc(x, ir.HalfType()), ir.IntType(16))
+    return types.uint16(f), codegen
+
 # %% book/92_making_python_fast.ipynb #67b3363c
 @intrinsic
 def vdot4(typingctx, a, b):

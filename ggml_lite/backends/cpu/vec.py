@@ -13,6 +13,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from ggml_lite.backends.cpu.common import cpu_fp32_to_fp16
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
 from ggml_lite.backends.cpu.quants import quantize_row as _quantize_row
 from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vas, vcat, vdot, vdot4,
@@ -21,7 +22,6 @@ from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vas, vcat, vdot, vdot
                                          vsplat2, vsum, vu8, vzero)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
-                             fp32_to_fp16_row,
                              get_type_traits, row_size, type_name, type_size)
 
 _F32, _F16, _BF16 = int(Type.F32), int(Type.F16), int(Type.BF16)
@@ -297,7 +297,7 @@ def _mm_src1(vdt, b, w, rs, bs, ts, ith, nth):
                 o = ((i13 * ne12 + i12) * ne11 + i11) * rs
                 x, y = b[i13, i12, i11, k0 * bs:k1 * bs], w[o + k0 * ts:o + k1 * ts]
                 if vdt == _F16:
-                    fp32_to_fp16_row(x, y.view(np.uint16))
+                    cpu_fp32_to_fp16(x, y.view(np.uint16))
                 elif vdt == _BF16:
                     fp32_to_bf16_row(x, y.view(np.uint16))
                 else:

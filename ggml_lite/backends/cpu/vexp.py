@@ -72,9 +72,9 @@ from ggml_lite.backends.cpu.simd import Vec, vget, vpack
 
 
 def _expf_ir(builder, x):
-    """ggml_v_expf (AVX2) on an LLVM <8 x float>, as v_expf above lane by lane: the
-    slow paths computed for every lane and chosen by selects, which gives the bits of
-    ggml's branch (the fast path's answer is the blend's where |n| <= 126)."""
+    """ggml_v_expf (AVX2) on an LLVM <8 x float>, as v_expf above lane by lane. When a
+    lane needs the slow paths, they are computed for every lane and chosen by selects
+    (the fast path's answer is the blend's where |n| <= 126): ggml's bits."""
     f8, i8 = x.type, ir.VectorType(ir.IntType(32), 8)
 
     def c(v):
@@ -97,16 +97,25 @@ def _expf_ir(builder, x):
     j = fma(fma(fma(c(_E_P[4]), b, c(_E_P[3])), u, fma(c(_E_P[2]), b, c(_E_P[1]))), u,
             builder.fmul(c(_E_P[0]), b))
     absn = bits(builder.and_(bits(n, i8), ir.Constant(i8, [0x7FFFFFFF] * 8)), f8)
-    slow = builder.fcmp_ordered(">", absn, c(126.0))
-    huge = builder.fcmp_ordered(">", absn, c(192.0))
-    g = builder.select(builder.fcmp_ordered("<=", n, c(0.0)),
-                       ir.Constant(i8, [0x82000000 - (1 << 32)] * 8),
-                       ir.Constant(i8, None))
-    s1 = bits(builder.add(g, ir.Constant(i8, [0x7F000000] * 8)), f8)
-    s2 = bits(builder.sub(e, g), f8)
-    scaled = builder.fmul(fma(s2, j, s2), s1)
-    return builder.select(huge, builder.fmul(s1, s1),
-                          builder.select(slow, scaled, fma(k, j, k)))
+    slow, fast = builder.fcmp_ordered(">", absn, c(126.0)), fma(k, j, k)
+    # as ggml: the fast answer unless a lane has |n| > 126 (_mm256_movemask_ps)
+    entry = builder.block
+    with builder.if_then(builder.icmp_unsigned("!=", bits(slow, ir.IntType(8)),
+                                               ir.IntType(8)(0)), likely=False):
+        huge = builder.fcmp_ordered(">", absn, c(192.0))
+        g = builder.select(builder.fcmp_ordered("<=", n, c(0.0)),
+                           ir.Constant(i8, [0x82000000 - (1 << 32)] * 8),
+                           ir.Constant(i8, None))
+        s1 = bits(builder.add(g, ir.Constant(i8, [0x7F000000] * 8)), f8)
+        s2 = bits(builder.sub(e, g), f8)
+        scaled = builder.fmul(fma(s2, j, s2), s1)
+        rare = builder.select(huge, builder.fmul(s1, s1),
+                              builder.select(slow, scaled, fast))
+        rare_block = builder.block
+    out = builder.phi(f8)
+    out.add_incoming(fast, entry)
+    out.add_incoming(rare, rare_block)
+    return out
 
 # %% book/05_cpu_kernels.ipynb #kern-vexpf8-wrap
 def _f32x8_intrinsic(body):
@@ -176,3 +185,36 @@ def vhsum8(v):
     half onto the lower, then the pairs (lanes 0+4, 2+6 first), then the two."""
     return ((vget(v, 0) + vget(v, 4)) + (vget(v, 2) + vget(v, 6))) + \
         ((vget(v, 1) + vget(v, 5)) + (vget(v, 3) + vget(v, 7)))
+
+# %% book/05_cpu_kernels.ipynb #kern-vmax8
+@intrinsic
+def vmax8(typingctx, a, b):
+    """Lane by lane ggml's MAX(a, b), a > b ? a : b, on Vec(float32 x 8)."""
+    if not (isinstance(a, Vec) and a == b and a.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]),
+                              args[0], args[1])
+    return a(a, b), codegen
+
+
+@intrinsic
+def vhas_nan8(typingctx, v):
+    """True when a lane of v is a NaN."""
+    if not (isinstance(v, Vec) and v.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        bits = builder.bitcast(nan, ir.IntType(v.count))
+        return builder.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0))
+    return types.boolean(v), codegen
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def vhmax8(v):
+    """The largest of the eight lanes (of a v without NaN)."""
+    a = max(max(vget(v, 0), vget(v, 1)), max(vget(v, 2), vget(v, 3)))
+    b = max(max(vget(v, 4), vget(v, 5)), max(vget(v, 6), vget(v, 7)))
+    return max(a, b)
