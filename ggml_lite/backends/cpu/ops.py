@@ -14,7 +14,7 @@ from ggml_lite.backends.cpu.common import (
     check_4d, f32_only, get_thread_range, ld, ne_of, st, storage)
 from ggml_lite.backends.cpu.simd import vload_f16, vpack
 from ggml_lite.backends.cpu.vexp import (
-    v_expf8, vhas_nan8, vhmax8, vhsum8, vmax8, vput8, vrow8)
+    row_c, v_expf8, vhas_nan8, vhmax8, vhsum8, vmax8, vput8, vrow8)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, type_name
 
@@ -167,6 +167,31 @@ def _row_max(y):
 
 # %% book/05_cpu_kernels.ipynb #kern-softmax
 @njit(cache=True, nogil=True, error_model="numpy")
+def _soft_max_row(x, mrow, tm, has_mask, scale, slope, y):
+    """One row: w = x*scale + slope*mask into y, then ggml_vec_soft_max_f32 (AVX2):
+    eight at a time, their float sum (hsum) added in double, the last ne0 % 8 with
+    expf one by one; then y times 1/sum (ggml_vec_scale_f32)."""
+    ne0 = x.shape[0]
+    _soft_max_w(x, mrow, tm, has_mask, scale, slope, y)
+    mx = _row_max(y)
+    s, i = 0.0, 0
+    while i + 8 <= ne0:
+        v = v_expf8(vrow8(y, i) - mx)
+        vput8(y, i, v)
+        s += np.float64(vhsum8(v))
+        i += 8
+    for i in range(i, ne0):
+        e = np.exp(y[i] - mx)
+        y[i] = e
+        s += np.float64(e)
+    inv = np.float32(1.0 / s)
+    for i in range(0, ne0 // 8 * 8, 8):
+        vput8(y, i, vrow8(y, i) * inv)
+    for i in range(ne0 // 8 * 8, ne0):
+        y[i] *= inv
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
     ne3, ne2, ne1, ne0 = a.shape
     ne13, ne12 = m.shape[0], m.shape[1]
@@ -186,25 +211,12 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                 x, y = a[i3, i2, i1], d[i3, i2, i1]
                 # no mask: row 0, never read
                 mrow = m[i3 % ne13, i2 % ne12, i1 if has_mask else 0]
-                _soft_max_w(x, mrow, tm, has_mask, scale, slope, y)
-                mx = _row_max(y)
-                # ggml_vec_soft_max_f32 (AVX2): eight at a time, their float sum (hsum)
-                # added in double; the last ne0 % 8 with expf, one by one
-                s, i = 0.0, 0
-                while i + 8 <= ne0:
-                    v = v_expf8(vrow8(y, i) - mx)
-                    vput8(y, i, v)
-                    s += np.float64(vhsum8(v))
-                    i += 8
-                for i in range(i, ne0):
-                    e = np.exp(y[i] - mx)
-                    y[i] = e
-                    s += np.float64(e)
-                inv = np.float32(1.0 / s)
-                for i in range(0, ne0 // 8 * 8, 8):        # ggml_vec_scale_f32
-                    vput8(y, i, vrow8(y, i) * inv)
-                for i in range(ne0 // 8 * 8, ne0):
-                    y[i] *= inv
+                if (x.strides[0] == 4 and y.strides[0] == 4
+                        and mrow.strides[0] == mrow.itemsize):   # as ggml's rows are
+                    _soft_max_row(row_c(x), row_c(mrow), tm, has_mask, scale, slope,
+                                  row_c(y))
+                else:
+                    _soft_max_row(x, mrow, tm, has_mask, scale, slope, y)
 
 
 # stands in for a missing mask (never read)

@@ -8,6 +8,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 
@@ -218,3 +219,17 @@ def vhmax8(v):
     a = max(max(vget(v, 0), vget(v, 1)), max(vget(v, 2), vget(v, 3)))
     b = max(max(vget(v, 4), vget(v, 5)), max(vget(v, 6), vget(v, 7)))
     return max(a, b)
+
+
+@intrinsic
+def row_c(typingctx, x):
+    """The 1-D array x typed as contiguous: the same view, for a caller that checked
+    that its stride is its item size, so that its row loops compile with no stride
+    test (the compute loop's views are typed as any-strided arrays)."""
+    if not (isinstance(x, types.Array) and x.ndim == 1):
+        return None
+    rt = x.copy(layout="C")
+
+    def codegen(context, builder, sig, args):
+        return impl_ret_borrowed(context, builder, rt, args[0])
+    return rt(x), codegen
