@@ -74,17 +74,17 @@ def gemm_bloc(A, lda, B, ldb, C, ldc, k, ii, jj, rn):
     c10, c11, c12, c13 = z, z, z, z
     c20, c21, c22, c23 = z, z, z, z
     for l in range(0, k, KN):
-        a0, a1 = _vld8(A, a0o + l), _vld8(A, a1o + l)
-        a2, a3 = _vld8(A, a2o + l), _vld8(A, a3o + l)
-        b = _vld8(B, b0o + l)
-        c00, c01 = _vfma(a0, b, c00), _vfma(a1, b, c01)
-        c02, c03 = _vfma(a2, b, c02), _vfma(a3, b, c03)
-        b = _vld8(B, b1o + l)
-        c10, c11 = _vfma(a0, b, c10), _vfma(a1, b, c11)
-        c12, c13 = _vfma(a2, b, c12), _vfma(a3, b, c13)
-        b = _vld8(B, b2o + l)
-        c20, c21 = _vfma(a0, b, c20), _vfma(a1, b, c21)
-        c22, c23 = _vfma(a2, b, c22), _vfma(a3, b, c23)
+        # RM > RN: tinyBLAS loads the rn B vectors, then A row by row (12 sums, 3 B
+        # and 1 A: the 16 registers; A first would need 17 and spill)
+        b0, b1, b2 = _vld8(B, b0o + l), _vld8(B, b1o + l), _vld8(B, b2o + l)
+        a = _vld8(A, a0o + l)
+        c00, c10, c20 = _vfma(a, b0, c00), _vfma(a, b1, c10), _vfma(a, b2, c20)
+        a = _vld8(A, a1o + l)
+        c01, c11, c21 = _vfma(a, b0, c01), _vfma(a, b1, c11), _vfma(a, b2, c21)
+        a = _vld8(A, a2o + l)
+        c02, c12, c22 = _vfma(a, b0, c02), _vfma(a, b1, c12), _vfma(a, b2, c22)
+        a = _vld8(A, a3o + l)
+        c03, c13, c23 = _vfma(a, b0, c03), _vfma(a, b1, c13), _vfma(a, b2, c23)
     o = ldc * jj + ii
     C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c00), vsum(c01), vsum(c02), vsum(c03)
     if rn > 1:
