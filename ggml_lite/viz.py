@@ -160,7 +160,7 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None, fontsize
     ranges = live_ranges(graph)
     n = len(graph.nodes)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
+        _, ax = plt.subplots(figsize=(7.4, 3.4))
     label = label or (lambda t: t.name)
     chunk_base, base = {}, 0
     for buffer_id, vbuf in enumerate(galloc.buffers):
