@@ -60,7 +60,8 @@ class BackendDevProps:
 
 # %% book/07a_backend_buffers.ipynb #iface-buft
 class BackendBufferType(ABC):
-    """ggml_backend_buffer_type: a kind of memory; makes buffers. Attributes: device."""
+    """ggml_backend_buffer_type: a kind of memory; makes buffers.
+    Attributes: device."""
 
     def __init__(self, device=None):
         self.device = device
@@ -82,7 +83,8 @@ class BackendBufferType(ABC):
         return SIZE_MAX
 
     def get_alloc_size(self, tensor):
-        """Bytes a tensor needs here, padding included (optional; default: nbytes)."""
+        """Bytes a tensor needs here, padding included (optional; default:
+        nbytes)."""
         return nbytes(tensor)
 
     def is_host(self):
@@ -250,7 +252,8 @@ class BackendDevice(ABC):
 
     @abstractmethod
     def init_backend(self, params=None):
-        """A new backend (stream) on this device; params: a backend-specific string."""
+        """A new backend (stream) on this device; params: a backend-specific
+        string."""
 
     @abstractmethod
     def get_buffer_type(self):
@@ -261,7 +264,8 @@ class BackendDevice(ABC):
         return None
 
     def buffer_from_host_ptr(self, ptr, size, max_tensor_size):
-        """A buffer over existing host memory, e.g. a memory-mapped file (optional)."""
+        """A buffer over existing host memory, e.g. a memory-mapped file
+        (optional)."""
         raise GGMLError(
             f"buffer_from_host_ptr: device {self.get_name()} cannot wrap host memory"
         )
@@ -276,8 +280,8 @@ class BackendDevice(ABC):
         """True if this device can use tensors in buffers of type buft."""
 
     def offload_op(self, op):
-        """True if it wants op even when the op's weights are in host memory (optional;
-        default False)."""
+        """True if it wants op even when the op's weights are in host memory
+        (optional; default False)."""
         return False
 
     def event_new(self):
@@ -315,8 +319,8 @@ class BackendReg(ABC):
         """Device number index."""
 
     def get_procaddress(self, name):
-        """An extension function by its ggml name, e.g. "ggml_backend_set_n_threads", or
-        None (optional)."""
+        """An extension function by its ggml name, e.g.
+        "ggml_backend_set_n_threads", or None (optional)."""
         return None
 
     def __repr__(self):

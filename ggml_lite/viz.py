@@ -160,7 +160,7 @@ def draw_alloc_timeline(galloc, graph, ax=None, title=None, label=None, fontsize
     ranges = live_ranges(graph)
     n = len(graph.nodes)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
+        _, ax = plt.subplots(figsize=(7.4, 3.4))
     label = label or (lambda t: t.name)
     chunk_base, base = {}, 0
     for buffer_id, vbuf in enumerate(galloc.buffers):
@@ -236,7 +236,7 @@ def draw_sched_splits(sched, graph, ax=None, title=None, span=None):
 
     lo, hi = span or (0, graph.n_nodes)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.2))
+        _, ax = plt.subplots(figsize=(7.4, 3.2))
     colour = {i: SPLIT_COLOURS[i % len(SPLIT_COLOURS)] for i in range(sched.n_backends)}
     where = {id(n): i for i, n in enumerate(graph.nodes)}
     for i in range(lo, hi):
@@ -277,7 +277,7 @@ def draw_sched_splits(sched, graph, ax=None, title=None, span=None):
     return ax
 
 # %% book/09_sched.ipynb #sched-draw-rows
-def draw_sched_split_rows(sched, graph, rows=2, title=None, width=8):
+def draw_sched_split_rows(sched, graph, rows=2, title=None, width=7.4):
     """draw_sched_splits over `rows` rows of a new figure, `width` inches wide, with
     one legend under the title."""
     import matplotlib.pyplot as plt

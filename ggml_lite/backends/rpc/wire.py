@@ -47,9 +47,9 @@ class RpcCmd(IntEnum):
     COUNT = 17
 
 # %% book/10_rpc.ipynb #rpc-tensor-record
-# struct rpc_tensor, #pragma pack(1): id, type, buffer, ne[4] and nb[4] as uint32, op,
-# op_params[16], flags, src[10], view_src, view_offs, data, name[64], padding[4] -- 296
-# bytes, little-endian
+# struct rpc_tensor, #pragma pack(1): id, type, buffer, ne[4] and nb[4] as
+# uint32, op, op_params[16], flags, src[10], view_src, view_offs, data, name[64],
+# padding[4] -- 296 bytes, little-endian
 RPC_TENSOR = struct.Struct("<QIQ4I4II16ii10QQQQ64s4x")
 RPC_TENSOR_SIZE = RPC_TENSOR.size
 assert RPC_TENSOR_SIZE == 296
@@ -84,9 +84,8 @@ class RpcTensor:
     @classmethod
     def unpack(cls, raw, offset=0):
         v = RPC_TENSOR.unpack_from(raw, offset)
-        return cls(v[0], v[1], v[2], v[3:7], v[7:11], v[11], v[12:28], v[28], v[29:39],
-                   v[39], v[40],
-                   v[41], v[42])
+        return cls(v[0], v[1], v[2], v[3:7], v[7:11], v[11], v[12:28], v[28],
+                   v[29:39], v[39], v[40], v[41], v[42])
 
 # %% book/10_rpc.ipynb #rpc-messages
 U32, U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -100,7 +99,8 @@ CLEAR_REQ = struct.Struct("<QB")                             # remote_ptr, value
 TENSOR_AND_2 = struct.Struct(f"<{RPC_TENSOR_SIZE}sQQ")
 U8 = struct.Struct("<B")
 
-# The fixed request size of each command (None: variable) and whether it has a response.
+# The fixed request size of each command (None: variable) and whether it has a
+# response.
 REQUEST_SIZE = {
     RpcCmd.ALLOC_BUFFER: ALLOC_REQ.size, RpcCmd.GET_ALIGNMENT: 4,
     RpcCmd.GET_MAX_SIZE: 4,
