@@ -249,14 +249,11 @@ def dequantize_row_q8_K(x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep):
     """ggml's make_qkx2_quants for x[o:o+n] with Q4_K's weights w = av_x + |x|
-    (use_mad=false): fit x ~ scale*L - the_min with codes L in 0..nmax. The candidates
-    are the min-max grid, iscale = nmax/(max - min), then nstep+1 weighted
-    least-squares fits at iscale = (nmax + rmin + rdelta*k)/(max - min), k = 0..nstep;
-    the smallest weighted error wins. Q4_K passes rmin=-1, rdelta=0.1, nstep=20: 22
-    candidates. Returns (scale, the_min, iscale, xmin): the codes are
-    L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or all 0 when iscale is 0.
-    (ggml stores L in a scratch array; numba has no stack arrays, so the winning
-    iscale is kept instead.)"""
+    (use_mad=false): fit x ~ scale*L - the_min, codes L in 0..nmax. The candidates:
+    the min-max grid, then nstep+1 weighted least-squares fits (Q4_K passes nstep=20:
+    22 candidates); the smallest weighted error wins. Returns (scale, the_min, iscale,
+    xmin): the codes are L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or all 0
+    when iscale is 0 (ggml keeps L itself in a scratch array)."""
     fmax = np.float32(nmax)
     xmin, xmax = x[o], x[o]
     sum_w = av_x + abs(x[o])
