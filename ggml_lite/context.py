@@ -230,8 +230,8 @@ def new_object(ctx, obj_type, size, payload=None, where=None):
 
 # %% book/02_tensor.ipynb #fad1b540c6
 def _end_generation(ctx, how):
-    """The objects made so far in ctx are gone; remember how, for the errors that name
-    them."""
+    """The objects made so far in ctx are gone; remember how, for the errors that
+    name them."""
     ctx._ends[ctx._generation] = how
     ctx._generation += 1
 
@@ -241,8 +241,7 @@ def context_check_alive(ctx, where=None):
     object."""
     if ctx._freed:
         raise GGMLError(f"{where + ': ' if where else ''}the context was freed "
-                        f"(ggml_free): "
-                        f"no new object can be made in it")
+                        f"(ggml_free): no new object can be made in it")
 
 # %% book/02_tensor.ipynb #tensor-lifetime
 def pool_stamp(ctx):
@@ -252,7 +251,7 @@ def pool_stamp(ctx):
 
 
 def pool_stamp_gone(stamp):
-    """None while the memory of an object with this stamp is there; else how it went."""
+    """How the memory of an object with this stamp went; None while it is there."""
     ctx, generation = stamp
     if ctx is None or generation == ctx._generation:
         return None
@@ -278,8 +277,8 @@ def tensor_is_alive(t):
 
 
 def tensor_check_alive(t, where):
-    """Raise GGMLError naming t if its memory is gone (freed with the pool its context
-    owned, or reset)."""
+    """Raise GGMLError naming t if its memory is gone (freed with the pool its
+    context owned, or reset)."""
     why = _tensor_gone(t)
     # hot: every entry point
     require(why is None, where, lambda: f"tensor {_describe(t)} is gone: {why}")

@@ -493,10 +493,10 @@ def _check_graph(graph, where):
 
 
 def graph_check_alive(cgraph, where):
-    """Raise GGMLError if the graph, or any of its leafs, nodes and their operands, is
-    gone (freed or reset). A graph the scheduler numbered (uid != 0; it numbers a graph
-    anew whenever it splits it) is walked once per uid: later checks look only at the
-    few pools its tensors live in."""
+    """Raise GGMLError if the graph, or any of its leafs, nodes and their operands,
+    is gone (freed or reset). A graph the scheduler numbered (uid != 0; it numbers a
+    graph anew whenever it splits it) is walked once per uid: later checks look only
+    at the few pools its tensors live in."""
     _check_graph(cgraph, where)
     last = cgraph._alive_pools
     if cgraph.uid != 0 and last is not None and last[0] == cgraph.uid and all(
@@ -504,7 +504,7 @@ def graph_check_alive(cgraph, where):
         return
     gone = first_gone(_graph_tensors(cgraph))
     if gone is not None:
-        tensor_check_alive(gone, where)             # raises, saying how its memory went
+        tensor_check_alive(gone, where)         # raises, saying how its memory went
     if cgraph.uid != 0:
         pools = {ctx for t in _graph_tensors(cgraph) if t is not None
                  for ctx in (t._ctx,
@@ -514,6 +514,6 @@ def graph_check_alive(cgraph, where):
 
 
 def _graph_tensors(cgraph):
-    """The leafs, then each node and its sources (None where a source slot is empty)."""
+    """The leafs, then every node with its sources (None for an empty slot)."""
     return itertools.chain(cgraph.leafs, itertools.chain.from_iterable(
         (n, *n.src) for n in cgraph.nodes))

@@ -11,8 +11,8 @@ from ggml_lite.tensor import get_op_params_i32
 
 
 class Op(IntEnum):
-    """enum ggml_op (include/ggml.h, ggml 0.15.3): the operation that produces a tensor;
-    NONE = a leaf."""
+    """enum ggml_op (include/ggml.h, ggml 0.15.3): the operation that produces a
+    tensor; NONE = a leaf."""
 
     NONE = 0
     DUP = 1
@@ -172,30 +172,30 @@ ROPE_TYPE_IMROPE = 40
 MROPE_SECTIONS = 4
 
 # %% book/03_ops.ipynb #ops-symbols
-# GGML_OP_SYMBOL (src/ggml.c): the formula ggml_graph_dump_dot writes into a node's
-# record
+# GGML_OP_SYMBOL (src/ggml.c): the formula ggml_graph_dump_dot writes into a
+# node's record
 _OP_SYMBOL = (
-    "none", "x", "x+y", "x[i]+y", "x+y", "view(x,nb,offset)+=y->x", "x-y", "x*y", "x/y",
-    "x^2", "√x", "log(x)", "sin(x)", "cos(x)", "Σx", "Σx_k", "cumsum(x)", "Σx/n",
-    "argmax(x)", "count_equal(x)", "repeat(x)", "repeat_back(x)", "concat(x, y)",
-    "silu_back(x)", "norm(x)", "rms_norm(x)", "rms_norm_back(x)", "group_norm(x)",
-    "l2_norm(x)", "X*Y", "X[i]*Y", "X*Y", "x*v", "y-\\>view(x)", "x-\\>y", "cont(x)",
-    "reshape(x)", "view(x)", "permute(x)", "transpose(x)", "get_rows(x)",
-    "get_rows_back(x)", "set_rows(x)", "diag(x)", "diag_mask_inf(x)",
-    "diag_mask_zero(x)", "soft_max(x)", "soft_max_back(x)", "rope(x)", "rope_back(x)",
-    "clamp(x)", "conv_transpose_1d(x)", "im2col(x)", "im2col_back(x)", "im2col_3d(x)",
-    "col2im_1d(x)", "conv_2d(x)", "conv_3d(x)", "conv_2d_dw(x)", "conv_transpose_2d(x)",
-    "pool_1d(x)", "pool_2d(x)", "pool_2d_back(x)", "upscale(x)", "pad(x)",
-    "pad_reflect_1d(x)", "roll(x)", "arange(start, stop, step)",
-    "timestep_embedding(timesteps, dim, max_period)", "argsort(x)", "top_k(x)",
-    "leaky_relu(x)", "tri(x)", "fill(x, c)", "flash_attn_ext(x)", "flash_attn_back(x)",
-    "ssm_conv(x)", "ssm_scan(x)", "win_part(x)", "win_unpart(x)", "get_rel_pos(x)",
-    "add_rel_pos(x)", "rwkv_wkv6(k, v, r, tf, td, s)",
-    "gated_linear_attn(k, v, q, gate, s)", "rwkv_wkv7(r, w, k, v, a, b, s)",
-    "A X = B, A triangular, solve X", "gated_delta_net(q, k, v, g, beta, s)",
-    "unary(x)", "map_custom(x)", "map_custom(x,y)", "map_custom(x,y,z)", "custom(x)",
-    "cross_entropy_loss(x,y)", "cross_entropy_loss_back(x,y)", "adamw(x)", "sgd(x)",
-    "glu(x)",
+    "none", "x", "x+y", "x[i]+y", "x+y", "view(x,nb,offset)+=y->x", "x-y", "x*y",
+    "x/y", "x^2", "√x", "log(x)", "sin(x)", "cos(x)", "Σx", "Σx_k", "cumsum(x)",
+    "Σx/n", "argmax(x)", "count_equal(x)", "repeat(x)", "repeat_back(x)",
+    "concat(x, y)", "silu_back(x)", "norm(x)", "rms_norm(x)", "rms_norm_back(x)",
+    "group_norm(x)", "l2_norm(x)", "X*Y", "X[i]*Y", "X*Y", "x*v", "y-\\>view(x)",
+    "x-\\>y", "cont(x)", "reshape(x)", "view(x)", "permute(x)", "transpose(x)",
+    "get_rows(x)", "get_rows_back(x)", "set_rows(x)", "diag(x)", "diag_mask_inf(x)",
+    "diag_mask_zero(x)", "soft_max(x)", "soft_max_back(x)", "rope(x)",
+    "rope_back(x)", "clamp(x)", "conv_transpose_1d(x)", "im2col(x)",
+    "im2col_back(x)", "im2col_3d(x)", "col2im_1d(x)", "conv_2d(x)", "conv_3d(x)",
+    "conv_2d_dw(x)", "conv_transpose_2d(x)", "pool_1d(x)", "pool_2d(x)",
+    "pool_2d_back(x)", "upscale(x)", "pad(x)", "pad_reflect_1d(x)", "roll(x)",
+    "arange(start, stop, step)", "timestep_embedding(timesteps, dim, max_period)",
+    "argsort(x)", "top_k(x)", "leaky_relu(x)", "tri(x)", "fill(x, c)",
+    "flash_attn_ext(x)", "flash_attn_back(x)", "ssm_conv(x)", "ssm_scan(x)",
+    "win_part(x)", "win_unpart(x)", "get_rel_pos(x)", "add_rel_pos(x)",
+    "rwkv_wkv6(k, v, r, tf, td, s)", "gated_linear_attn(k, v, q, gate, s)",
+    "rwkv_wkv7(r, w, k, v, a, b, s)", "A X = B, A triangular, solve X",
+    "gated_delta_net(q, k, v, g, beta, s)", "unary(x)", "map_custom(x)",
+    "map_custom(x,y)", "map_custom(x,y,z)", "custom(x)", "cross_entropy_loss(x,y)",
+    "cross_entropy_loss_back(x,y)", "adamw(x)", "sgd(x)", "glu(x)",
 )
 assert len(_OP_SYMBOL) == Op.COUNT
 

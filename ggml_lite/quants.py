@@ -249,11 +249,11 @@ def dequantize_row_q8_K(x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep):
     """ggml's make_qkx2_quants for x[o:o+n] with Q4_K's weights w = av_x + |x|
-    (use_mad=false): fit x ~ scale*L - the_min with codes L in 0..nmax by a weighted
-    least-squares search over nstep+1 trial inverse scales. Returns (scale, the_min,
-    iscale, xmin): the codes are L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or
-    all 0 when iscale is 0. (ggml stores L in a scratch array; numba has no stack
-    arrays, so the winning iscale is kept instead.)"""
+    (use_mad=false): fit x ~ scale*L - the_min, codes L in 0..nmax. The candidates:
+    the min-max grid, then nstep+1 weighted least-squares fits (Q4_K passes nstep=20:
+    22 candidates); the smallest weighted error wins. Returns (scale, the_min, iscale,
+    xmin): the codes are L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or all 0
+    when iscale is 0 (ggml keeps L itself in a scratch array)."""
     fmax = np.float32(nmax)
     xmin, xmax = x[o], x[o]
     sum_w = av_x + abs(x[o])
@@ -396,9 +396,10 @@ def dequantize_row_q4_K(x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qx_quants(x, o, n, nmax):
     """ggml's make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL) for x[o:o+n]:
-    symmetric codes l in -nmax..nmax-1, scale by least squares with weights x**2, 18
-    trial inverse scales around -nmax/max. Returns (scale, iscale): the codes are L =
-    nmax + clamp(nearest_int(iscale*x)), or all 0 when iscale is 0 (an all-zero
+    symmetric codes l in -nmax..nmax-1, scale by least squares with weights x**2 over
+    19 trial inverse scales: -nmax/max and the 18 values -(nmax + 0.1*k)/max,
+    k = -9..9 without 0. Returns (scale, iscale): the codes are
+    L = nmax + clamp(nearest_int(iscale*x)), or all 0 when iscale is 0 (an all-zero
     group)."""
     amax, mx = _F0, _F0
     for i in range(o, o + n):

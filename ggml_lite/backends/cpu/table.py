@@ -368,7 +368,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-
 @dataclass(frozen=True)
 class CpuKernel:
     """One row of the CPU's kernel table: how a node of this op (and kind) is computed.
@@ -376,14 +375,12 @@ class CpuKernel:
     prepare(node, p) -> run(ith, nth), or a tuple of runs with a barrier between them;
     n_tasks(node, n_threads) -> ggml_get_n_tasks' count (it sizes the work buffer);
     work_size(node, n_tasks) -> bytes of scratch (ggml_graph_plan's `cur`);
-    supports(node) -> None when the kernel computes this node's types and layouts, else
-    why not;
+    supports(node) -> None when the kernel computes this node's types and layouts,
+        else why not;
     types: what supports accepts, in words;
-    lower(node, p, nth) -> the node's rows of the compiled loop's program, or None (a
-    call back
-    into Python): set by the kernels of extra buffer types (chapter 07c); the table's
-    own ops
-    are lowered by the compute loop itself."""
+    lower(node, p, nth) -> the node's rows of the compiled loop's program, or None
+        (a call back into Python): set by the kernels of extra buffer types (chapter
+        07c); the table's own ops are lowered by the compute loop itself."""
     op: Op
     kind: object
     prepare: Callable
@@ -534,8 +531,7 @@ def _op_text(node):
 
 # %% book/06_cpu_compute.ipynb #table-answer
 def cpu_unsupported_reason(node):
-    """None if the CPU computes node (op, kind, types, layouts); else why not, in
-    words."""
+    """None if the CPU computes node (its op, kind, types, layouts); else why not."""
     if op_is_empty(node.op):
         return None
     kernel = cpu_kernel(node)
@@ -558,19 +554,17 @@ def _describe(node):
 
 
 def cpu_check_node(node, index=None):
-    """node's CpuKernel, or GGMLError naming the node, its op and its types (before any
-    kernel runs)."""
+    """node's CpuKernel; else GGMLError naming the node, its op and its types, raised
+    before any kernel runs."""
     why = cpu_unsupported_reason(node)
     if why is not None:
         at = f"node {index} " if index is not None else "node "
         raise GGMLError(f"CPU: {at}'{node.name}' ({_op_text(node)}) cannot be "
-                        f"computed: {why} "
-                        f"[{_describe(node)}]")
+                        f"computed: {why} [{_describe(node)}]")
     return cpu_kernel(node)
 
 
-# sources every op of the table reads (the rest optional: soft_max's mask, rope's
-# freq_factors)
+# sources every op of the table reads (the rest are optional: soft_max's mask,
+# rope's freq_factors)
 _N_SRC = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.DIV: 2, Op.CPY: 2, Op.ROPE: 2,
-          Op.GET_ROWS: 2,
-          Op.CONCAT: 2, Op.MUL_MAT: 2, Op.SET_ROWS: 3}
+          Op.GET_ROWS: 2, Op.CONCAT: 2, Op.MUL_MAT: 2, Op.SET_ROWS: 3}

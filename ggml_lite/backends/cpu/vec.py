@@ -151,13 +151,11 @@ def vec_dot_q8_0_q8_0(n, x, y):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_q4_K_q8_K(n, x, y):
     """ggml_vec_dot_q4_K_q8_K: per super-block of 256, the 12 bytes of 6-bit scales and
-    mins
-    unpacked as ggml's utmp; each sub-block's q4*q8 summed in pairs (vmaddubs), times
-    its scale
-    and in pairs again (vdot) into 8 int32 lanes, times d*yd into 8 float32 lanes. The
-    mins go
-    through y's bsums, 4 lanes of m_{2k}*(bsums of sub-block 2k) + m_{2k+1}*(...), times
-    -dmin*yd into 4 float32 lanes; the two are summed at the end."""
+    mins unpacked as ggml's utmp; each sub-block's q4*q8 summed in pairs (vmaddubs),
+    times its scale and in pairs again (vdot) into 8 int32 lanes, times d*yd into 8
+    float32 lanes. The mins go through y's bsums, 4 lanes of
+    m_{2k}*(bsums of sub-block 2k) + m_{2k+1}*(...), times -dmin*yd into 4 float32
+    lanes; the two are summed at the end."""
     acc, acc_m = vzero(np.float32, 8), vzero(np.float32, 4)
     for ib in range(n // 256):
         xo, yo = ib * 144, ib * 292
@@ -177,11 +175,9 @@ def vec_dot_q4_K_q8_K(n, x, y):
             s = (sc_lo if j < 2 else sc_hi) >> (16 * (j & 1))
             sc0, sc1 = s & 255, (s >> 8) & 255
             q, q8 = vload(x, xo + 16 + 32 * j, 32), yo + 4 + 64 * j
-            sumi += (vdot(vsplat2(sc0, sc0, 16), vmaddubs(q & 15, vi8(vload(y, q8,
-                                                                            32))))
-                     + vdot(vsplat2(sc1, sc1, 16), vmaddubs(q >> 4, vi8(vload(y,
-                                                                              q8 + 32,
-                                                                              32)))))
+            lo = vmaddubs(q & 15, vi8(vload(y, q8, 32)))
+            hi = vmaddubs(q >> 4, vi8(vload(y, q8 + 32, 32)))
+            sumi += vdot(vsplat2(sc0, sc0, 16), lo) + vdot(vsplat2(sc1, sc1, 16), hi)
         acc += vfloat(sumi) * (yd * fp16_at(x, xo))
     return vsum(acc) + vsum(acc_m)
 
@@ -440,10 +436,9 @@ def _mm_chunks_f(t, n, a, b, d, nchunk0, nchunk1, dr0, dr1, counter, owner, ith,
 # %% book/05_cpu_kernels.ipynb #kern-mulmat-py
 def mul_mat_chunks(nr0, nr1, nth):
     """ggml's chunking of mul_mat's output, nr0 = ne01 rows by nr1 = ne11*ne12*ne13
-    columns:
-    chunks of 16 (64 when either side is 1); if that gives fewer than 4 chunks per
-    thread, one
-    chunk per thread along the longer side. Returns (nchunk0, nchunk1, dr0, dr1)."""
+    columns: chunks of 16 (64 when either side is 1); if that gives fewer than 4 chunks
+    per thread, one chunk per thread along the longer side. Returns (nchunk0, nchunk1,
+    dr0, dr1)."""
     chunk_size = 64 if nr0 == 1 or nr1 == 1 else 16
     nchunk0, nchunk1 = -(-nr0 // chunk_size), -(-nr1 // chunk_size)
     if nchunk0 * nchunk1 < nth * 4:
@@ -549,12 +544,10 @@ def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
 
 def forward_mul_mat(src0_type, src0, src1, dst, wdata=None, nth=1, owner=None):
     """All of ggml_compute_forward_mul_mat with its nth threads played one after
-    another:
-    each converts its share of src1; the counter starts at nth; then each runs its
-    chunk loop
-    (so thread 0, going first, also takes every chunk the others would have claimed).
-    For tests and demonstrations: the compute chapter runs the same phases on real
-    threads."""
+    another: each converts its share of src1; the counter starts at nth; then each runs
+    its chunk loop (so thread 0, going first, also takes every chunk the others would
+    have claimed). For tests and demonstrations: the compute chapter runs the same
+    phases on real threads."""
     mul_mat_check(src0_type, src0, src1, dst)
     if wdata is None:
         wdata = np.empty(mul_mat_wsize(src0_type, src1), np.uint8)
