@@ -45,9 +45,17 @@ MISSING = cells_calling("show_missing")
 
 
 def rows(text):
-    """(ggml symbol, ggml_lite name, module, chapter) of an implemented table."""
-    return [tuple(line.split()) for line in text.splitlines()
-            if line.startswith("ggml_") and len(line.split()) == 4]
+    """(ggml symbol, ggml_lite name, module, chapter) of an implemented table. The table
+    writes "·" for the name the rule gives (the symbol without ggml_) and a chapter by its
+    number ("07a" for book/07a_backend_buffers): both expanded here."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("ggml_") and len(line.split()) == 4:
+            symbol, name, module, chapter = line.split()
+            name = symbol.removeprefix("ggml_") if name == "·" else name
+            full = [c for c in TOC if c.startswith(f"book/{chapter}_")]
+            out.append((symbol, name, module, full[0] if len(full) == 1 else chapter))
+    return out
 
 
 def missing_names(text):
