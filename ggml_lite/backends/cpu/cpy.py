@@ -12,6 +12,7 @@ from ggml_lite.backends.cpu.common import (
     check_4d, cpu_fp32_to_fp16, get_thread_range, ld, ne_of, st)
 from ggml_lite.backends.cpu.quants import (
     QUANTIZED, dequantize_row, quantize_row, storage_any)
+from ggml_lite.backends.cpu.vexp import row_c
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, blck_size, row_size, type_name, type_size
 
@@ -218,6 +219,12 @@ def _advance(i0, i1, i2, i3, ne0, ne1, ne2):
     return i0, i1, i2, i3
 
 # %% book/05_cpu_kernels.ipynb #05a3cf19
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _copy_row(x, y):
+    for i in range(x.shape[0]):
+        y[i] = x[i]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _dup_flt(a, ta, d, td, same, ith, nth):
     """Element by element, in the logical (row-major) order of a into that of d,
@@ -237,9 +244,10 @@ def _dup_flt(a, ta, d, td, same, ith, nth):
                 x = a[i03, i02, i01]
                 if ne00 == ne0:         # a row onto a row: no carry to walk
                     y = d[i13, i12, i11]
-                    if same:
-                        for i00 in range(ne00):
-                            y[i00] = x[i00]
+                    if same and x.strides[0] == y.strides[0] == x.itemsize:
+                        _copy_row(row_c(x), row_c(y))        # ggml: memcpy
+                    elif same:
+                        _copy_row(x, y)
                     else:
                         for i00 in range(ne00):
                             y[i00] = st(ld(x[i00], ta), td, d)

@@ -14,8 +14,9 @@ from ggml_lite.backend import BackendBufferType, backend_cpu_buffer_type
 from ggml_lite.backend_buffer import HostBuffer, host_bytes
 from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload,
-                                         vload_f16, vpairs, vzero)
+from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vdot, vfloat,
+                                         vload, vload_f16, vmaddubs, vpairs, vsplat2,
+                                         vzero)
 from ggml_lite.backends.cpu.table import CpuKernel
 from ggml_lite.backends.cpu.vec import fp16_at
 from ggml_lite.core import GGMLError, Status, require
@@ -132,11 +133,18 @@ def _row8(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, y, yo, ysum):
     code is the signed value plus 8."""
     y0, y1, y2, y3 = (_vbcast8(y, yo + 2), _vbcast8(y, yo + 10), _vbcast8(y, yo + 18),
                       _vbcast8(y, yo + 26))
-    z = vzero(np.int32, 8)
-    a = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo0, y0), lo2, y1), hi0, y2),
-                   hi2, y3)
-    b = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo1, y0), lo3, y1), hi1, y2),
-                   hi3, y3)
+    if AVX512_VNNI:                      # vpdpbusd adds into int32 at no extra cost
+        z = vzero(np.int32, 8)
+        a = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo0, y0), lo2, y1), hi0, y2),
+                       hi2, y3)
+        b = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo1, y0), lo3, y1), hi1, y2),
+                       hi3, y3)
+    else:   # pmaddubsw pairs added in int16 (four fit: 4 * 2 * 15 * 128 < 2**15), then
+        one = vsplat2(1, 1, 16)          # one pmaddwd to int32: 16 instructions, not 24
+        a = vdot(vmaddubs(lo0, y0) + vmaddubs(lo2, y1) + vmaddubs(hi0, y2)
+                 + vmaddubs(hi2, y3), one)
+        b = vdot(vmaddubs(lo1, y0) + vmaddubs(lo3, y1) + vmaddubs(hi1, y2)
+                 + vmaddubs(hi3, y3), one)
     return vpairs(vcat(a, b)) - 8 * ysum
 
 

@@ -12,7 +12,7 @@ from numba.extending import overload
 
 from ggml_lite.backends.cpu.common import (
     check_4d, get_thread_range, ld, ne_of, st, storage, table_f32_f16)
-from ggml_lite.backends.cpu.vexp import v_silu8, vput8, vrow8
+from ggml_lite.backends.cpu.vexp import row_c, v_silu8, vput8, vrow8
 from ggml_lite.core import GGMLError
 from ggml_lite.ops import GluOp, UnaryOp
 from ggml_lite.types import Type, fp32_to_fp16, type_name
@@ -231,12 +231,19 @@ def _silu_by_8_impl(x, y, n):
         return lambda x, y, n: 0
 
     def impl(x, y, n):
-        i = 0
-        while i + 8 <= n:
-            vput8(y, i, v_silu8(vrow8(x, i)))
-            i += 8
-        return i
+        if x.strides[0] == 4 and y.strides[0] == 4:      # typed contiguous: no stride
+            return _silu8(row_c(x), row_c(y), n)         # tests in the loop
+        return _silu8(x, y, n)
     return impl
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _silu8(x, y, n):
+    i = 0
+    while i + 8 <= n:
+        vput8(y, i, v_silu8(vrow8(x, i)))
+        i += 8
+    return i
 
 
 def _glu_by_8(op, x, g, y, offa, offb, nc):
@@ -249,12 +256,21 @@ def _glu_by_8_impl(op, x, g, y, offa, offb, nc):
         return lambda op, x, g, y, offa, offb, nc: 0
 
     def impl(op, x, g, y, offa, offb, nc):
-        i = 0
-        while op == _SWIGLU and i + 8 <= nc:
-            vput8(y, i, v_silu8(vrow8(x, offa + i)) * vrow8(g, offb + i))
-            i += 8
-        return i
+        if op != _SWIGLU:
+            return 0
+        if x.strides[0] == 4 and g.strides[0] == 4 and y.strides[0] == 4:
+            return _swiglu8(row_c(x), row_c(g), row_c(y), offa, offb, nc)
+        return _swiglu8(x, g, y, offa, offb, nc)
     return impl
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _swiglu8(x, g, y, offa, offb, nc):
+    i = 0
+    while i + 8 <= nc:
+        vput8(y, i, v_silu8(vrow8(x, offa + i)) * vrow8(g, offb + i))
+        i += 8
+    return i
 
 # %% book/05_cpu_kernels.ipynb #kern-swiglu
 # enum ggml_glu_op as plain ints for the compiled code
