@@ -30,9 +30,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 import ggml_lite as L  # noqa: E402
 from ggml_lite import Type  # noqa: E402
 from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile  # noqa: E402
+from run import _cpu_model  # noqa: E402
 
 F32, F16, Q4_0, Q8_0, I32 = 0, 1, 2, 8, 26
 LT = {F32: Type.F32, F16: Type.F16, Q4_0: Type.Q4_0, Q8_0: Type.Q8_0, I32: Type.I32}
@@ -272,18 +274,8 @@ def main():
     load = os.getloadavg()
     Path(args.out).write_text(json.dumps(dict(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor() or platform.machine(),
-        cpu=_cpu_name(), loadavg=load, rounds=args.rounds, rows=rows), indent=1) + "\n")
+        cpu=_cpu_model(), loadavg=load, rounds=args.rounds, rows=rows), indent=1) + "\n")
     print(f"wrote {args.out} (load average {load[0]:.2f})")
-
-
-def _cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":
