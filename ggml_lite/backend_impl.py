@@ -13,9 +13,8 @@ from ggml_lite.tensor import nbytes
 
 # %% book/07a_backend_buffers.ipynb #backend-constants
 BACKEND_API_VERSION = 2  # GGML_BACKEND_API_VERSION
-TENSOR_ALIGNMENT = (
-    32  # TENSOR_ALIGNMENT (src/ggml-impl.h): the CPU buffer type's alignment
-)
+# TENSOR_ALIGNMENT (src/ggml-impl.h): the CPU buffer type's alignment
+TENSOR_ALIGNMENT = 32
 SIZE_MAX = 2**64 - 1  # a buffer type's get_max_size when it has no limit
 
 

@@ -242,10 +242,8 @@ def soft_max_operands(src0, mask, dst, scale=1.0, max_bias=0.0):
         if (tm == _BF16 or m.shape[3] != ne0 or m.shape[2] < ne1 or ne2 % m.shape[1]
                 or ne3 % m.shape[0]):
             raise GGMLError(f"soft_max: mask {ne_of(m)} {type_name(tm)} does not fit "
-                            f"src0 "
-                            f"{ne_of(src0)} (F32/F16, mask.ne0 == ne0, mask.ne1 >= "
-                            f"ne1, "
-                            f"ne2 and ne3 multiples of the mask's)")
+                            f"src0 {ne_of(src0)} (F32/F16, mask.ne0 == ne0, "
+                            f"mask.ne1 >= ne1, ne2 and ne3 multiples of the mask's)")
     return src0, m, dst, tm, mask is not None, np.float32(scale), np.float32(max_bias)
 
 
