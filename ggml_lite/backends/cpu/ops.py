@@ -130,14 +130,21 @@ def _mask8_impl(mrow, i):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _vec_scale(x, s, y):
+    """ggml_vec_scale_f32: y = x * s, eight lanes at a time, the rest one by one."""
+    n8 = x.shape[0] // 8 * 8
+    for i in range(0, n8, 8):
+        vput8(y, i, vrow8(x, i) * s)
+    for i in range(n8, x.shape[0]):
+        y[i] = x[i] * s
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _soft_max_w(x, mrow, tm, has_mask, scale, slope, y):
     """y = x*scale, then y += slope*mask: one pass each, eight lanes at a time (the
     mask pass one by one under ALiBi, where slope*mask is not mask)."""
     ne0, n8 = x.shape[0], x.shape[0] // 8 * 8
-    for i in range(0, n8, 8):
-        vput8(y, i, vrow8(x, i) * scale)
-    for i in range(n8, ne0):
-        y[i] = x[i] * scale
+    _vec_scale(x, scale, y)
     if has_mask and slope == 1:
         for i in range(0, n8, 8):
             vput8(y, i, vrow8(y, i) + _mask8(mrow, i))
@@ -147,7 +154,7 @@ def _soft_max_w(x, mrow, tm, has_mask, scale, slope, y):
         for i in range(ne0):
             y[i] += slope * ld(mrow[i], tm)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-softmax-max
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _row_max(y):
     """ggml_vec_max_f32: max = MAX(max, y[i]) from -inf, MAX(a, b) = a > b ? a : b.
@@ -184,11 +191,7 @@ def _soft_max_row(x, mrow, tm, has_mask, scale, slope, y):
         e = np.exp(y[i] - mx)
         y[i] = e
         s += np.float64(e)
-    inv = np.float32(1.0 / s)
-    for i in range(0, ne0 // 8 * 8, 8):
-        vput8(y, i, vrow8(y, i) * inv)
-    for i in range(ne0 // 8 * 8, ne0):
-        y[i] *= inv
+    _vec_scale(y, np.float32(1.0 / s), y)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
