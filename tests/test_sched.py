@@ -14,8 +14,9 @@ import ggml_lite as ggml
 from ggml_lite.backend import Backend, BackendBuffer, BackendBufferType, BackendDevice, BackendEvent
 from ggml_lite.backends.blas import backend_blas_init
 from ggml_lite.backends.cpu.backend import backend_cpu_init
-from ggml_lite.backends.cpu.compute import graph_compute, graph_plan
+from ggml_lite.backends.cpu.compute import _PREPARED, graph_compute, graph_plan
 from ggml_lite.core import GGMLError, Status
+from ggml_lite.types import Type
 
 sys.path.insert(0, str(Path(__file__).parent / "ggml_ref"))
 import sched_scenarios  # noqa: E402
@@ -756,3 +757,59 @@ def test_reserve_size_measures_without_allocating():
     assert sizes == REF["scenarios"]["llama-F32-64-rpc_half"]["buffer_sizes"]     # real ggml's, after alloc
     ggml.backend_sched_free(sched2)
     assert all(b is None for b in sched2.galloc.buffers) and sched2.ctx is None
+
+
+# --- the CPU stream's programs, by content (book/07c_backend_devices.ipynb) ---
+
+def _scaled_sum(sched, s, x_data, op=None):
+    """y = scale(x + x, s) (or op(x) when given) recorded in a new context, split and
+    allocated by sched, computed with x = x_data: (y's values, the split graph)."""
+    ctx = ggml.init(mem_size=16 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+    x = ggml.new_tensor_2d(ctx, Type.F32, 8, 4)
+    ggml.set_input(x)
+    y = op(ctx, x) if op is not None else ggml.scale(ctx, ggml.add(ctx, x, x), s)
+    ggml.set_output(y)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    ggml.backend_sched_reset(sched)
+    assert ggml.backend_sched_alloc_graph(sched, gf)
+    ggml.backend_tensor_set(x, x_data)
+    assert ggml.backend_sched_graph_compute(sched, gf) == Status.SUCCESS
+    return ggml.backend_tensor_get(y).reshape(4, 8), sched.splits[0].graph
+
+
+def test_cpu_stream_reuses_a_program_by_content():
+    """A graph recorded again with the same content (ops, parameters, shapes, addresses)
+    runs the program of the first one; any difference in content is planned anew; every
+    result is the graph's own."""
+    cpu = backend_cpu_init()
+    sched = ggml.backend_sched_new([cpu], None, 1, 64, False, True)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((4, 8)).astype(np.float32) for _ in range(2))
+    y1, g1 = _scaled_sum(sched, 2.0, a)
+    np.testing.assert_array_equal(y1, 4 * a)
+    assert (cpu.programs.hits, cpu.programs.misses) == (0, 1)
+    y2, g2 = _scaled_sum(sched, 2.0, b)         # same content, new graph, new values
+    np.testing.assert_array_equal(y2, 4 * b)
+    assert (cpu.programs.hits, cpu.programs.misses) == (1, 1)
+    assert g2 is not g1 and _PREPARED[g2] is _PREPARED[g1]
+    y3, _ = _scaled_sum(sched, 3.0, b)          # another scale: another content
+    np.testing.assert_array_equal(y3, 6 * b)
+    assert (cpu.programs.hits, cpu.programs.misses) == (1, 2)
+    ggml.backend_cpu_set_n_threads(cpu, 2)      # the same graph on another thread count
+    y4, _ = _scaled_sum(sched, 3.0, a)
+    np.testing.assert_array_equal(y4, 6 * a)
+    assert (cpu.programs.hits, cpu.programs.misses) == (1, 3)
+
+
+def test_cpu_stream_keeps_only_compiled_programs():
+    """A program with a task called back into Python holds its own graph's nodes: it is
+    not kept for other graphs (each such graph is planned and prepared anew)."""
+    cpu = backend_cpu_init()
+    sched = ggml.backend_sched_new([cpu], None, 1, 64, False, True)
+    x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(4, 8)
+    for _ in range(2):
+        y, g = _scaled_sum(sched, 0.0, x, op=ggml.relu)
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+        assert _PREPARED[g].native.native_tasks() < len(_PREPARED[g].tasks)
+    assert (cpu.programs.hits, cpu.programs.misses, len(cpu.programs.entries)) == (0, 2, 0)

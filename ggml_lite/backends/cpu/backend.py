@@ -10,7 +10,9 @@ import numpy as np
 
 from ggml_lite.backend import (Backend, BackendDevType, backend_buft_is_host,
                                guid_matches)
-from ggml_lite.backends.cpu.compute import DEFAULT_N_THREADS, graph_compute, graph_plan
+from ggml_lite.backends.cpu.compute import (DEFAULT_N_THREADS, graph_compute, graph_plan,
+                                            graph_prepared, graph_share_prepared)
+from ggml_lite.tensor import TensorFlag
 from ggml_lite.backends.cpu.table import cpu_supports_op, op_is_empty
 from ggml_lite.backends.cpu.repack import backend_cpu_repack_buffer_type
 from ggml_lite.backend_impl import tensor_buffer
@@ -19,6 +21,55 @@ from ggml_lite.core import require
 
 _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a,
                    0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
+
+# %% book/07c_backend_devices.ipynb #cpu-backend-programs
+_COMPUTE = int(TensorFlag.COMPUTE)
+
+
+def _content(t):
+    """A tensor as a node reads or writes it: type, address, shape, strides, and the
+    buffer type it lives in (which may pick the kernel: CPU_REPACK below)."""
+    if t is None:
+        return None
+    buffer = (t.view_src or t).buffer
+    return (t.type, t.data, *t.ne, *t.nb, None if buffer is None else buffer.buft)
+
+
+def graph_content(cgraph):
+    """What a graph computes, as a key: every node's op, parameters and role, itself and
+    its sources as _content sees them. Two graphs with the same key compute the same
+    thing on the same bytes."""
+    return tuple((n.op, n.op_params.tobytes(), int(n.flags) & _COMPUTE, _content(n),
+                  *map(_content, n.src)) for n in cgraph.nodes)
+
+
+class _Programs:
+    """The plans and compiled programs of the last few graphs a stream computed, by
+    content. A kept program holds the memory it points at, so an address in a key
+    cannot have been given to other bytes since."""
+
+    def __init__(self, size=4):
+        self.size, self.entries = size, {}      # (settings, content) -> (cplan, prepared)
+        self.hits = self.misses = 0
+
+    def find(self, cgraph, settings, work_data):
+        """(key, the plan to compute cgraph with, or None: plan it and keep it)."""
+        key = (settings, graph_content(cgraph))
+        entry = self.entries.pop(key, None)
+        if entry is None or entry[0].work_data is not work_data:
+            self.misses += 1
+            return key, None
+        self.entries[key] = entry                   # the most recent last
+        graph_share_prepared(cgraph, entry[1], entry[0])
+        self.hits += 1
+        return key, entry[0]
+
+    def keep(self, key, cgraph, cplan):
+        prepared = graph_prepared(cgraph)
+        if prepared is not None:
+            self.entries[key] = (cplan, prepared)
+            while len(self.entries) > self.size:
+                del self.entries[next(iter(self.entries))]
 
 # %% book/07c_backend_devices.ipynb #cpu-backend-stream
 class _CPUBackend(Backend):
@@ -37,30 +88,45 @@ class _CPUBackend(Backend):
         self.llamafile = False
         # (graph uid, n_threads, threadpool, llamafile, CPlan) of the last graph
         self.plan = None
+        self.programs = _Programs()     # only in ggml_lite: by the graphs' content
 
     def get_name(self):
         return "CPU"
 
     def free(self):
         self.work_data, self.work_size = None, 0
+        self.programs = _Programs()
 
     def graph_compute(self, cgraph):
         key = (cgraph.uid, self.n_threads, self.threadpool, self.llamafile)
+        new = None                      # the content of a graph planned here, to keep
         if cgraph.uid != 0 and self.plan is not None and self.plan[:4] == key:
             # the scheduler's graph again (its uid changes at each split)
             cplan = self.plan[4]
+        elif cgraph.uid != 0:           # split anew: perhaps a content seen before
+            content, cplan = self.programs.find(cgraph, key[1:], self.work_data)
+            if cplan is None:
+                new, cplan = content, self._plan(cgraph)
+            self.plan = (*key, cplan)
         else:
-            cplan = graph_plan(cgraph, self.n_threads, self.threadpool)
-            cplan.llamafile = self.llamafile
-            if self.work_size < cplan.work_size:
-                self.work_data = np.empty(cplan.work_size, np.uint8)
-                self.work_size = cplan.work_size
-            # the same array every time: prepared calls are reused
-            cplan.work_data = self.work_data
-            self.plan = (*key, cplan) if cgraph.uid != 0 else None
+            cplan, self.plan = self._plan(cgraph), None
         cplan.abort_callback = self.abort_callback
         cplan.abort_callback_data = self.abort_callback_data
-        return graph_compute(cgraph, cplan)
+        status = graph_compute(cgraph, cplan)
+        if new is not None:
+            self.programs.keep(new, cgraph, cplan)
+        return status
+
+    def _plan(self, cgraph):
+        """ggml's graph_compute: plan, grow the work buffer."""
+        cplan = graph_plan(cgraph, self.n_threads, self.threadpool)
+        cplan.llamafile = self.llamafile
+        if self.work_size < cplan.work_size:
+            self.work_data = np.empty(cplan.work_size, np.uint8)
+            self.work_size = cplan.work_size
+        # the same array every time: prepared calls are reused
+        cplan.work_data = self.work_data
+        return cplan
 
 # %% book/07c_backend_devices.ipynb #4c8d2f6a19
 def _cpu_description():

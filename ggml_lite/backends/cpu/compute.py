@@ -223,6 +223,24 @@ class _Prepared:
                 and all(n.src == s for n, s in zip(cgraph.nodes, self.srcs))
                 and all(t.data == data for t, data in self.addresses))
 
+# %% book/06_cpu_compute.ipynb #prepared-share
+def graph_prepared(cgraph):
+    """What cgraph's last compute prepared, if another graph may run it: compiled
+    through and through. A task called back into Python, or a traced plan, holds
+    cgraph's own nodes; then None."""
+    prepared = _PREPARED.get(cgraph)
+    if (prepared is None or prepared.native is None
+            or prepared.native.native_tasks() != len(prepared.tasks)):
+        return None
+    return prepared
+
+
+def graph_share_prepared(cgraph, prepared, cplan):
+    """cgraph computes with prepared, made for another graph and plan cplan: the caller
+    has checked that both graphs compute the same thing on the same bytes."""
+    prepared.uid, prepared.cplan = cgraph.uid, weakref.ref(cplan)
+    _PREPARED[cgraph] = prepared
+
 # %% book/06_cpu_compute.ipynb #graph-compute
 def graph_compute(cgraph, cplan):
     """ggml_graph_compute: run every COMPUTE node of cgraph on cplan.n_threads threads,
