@@ -652,7 +652,8 @@ def test_decode_reuses_one_graph(monkeypatch):
 
 def test_reuse_disabled_gives_the_same_logits(monkeypatch):
     """LLAMA_GRAPH_REUSE_DISABLE=1: a graph built, split and allocated for every ubatch, and the
-    same logits, bit for bit."""
+    same logits, bit for bit (also where the CPU stream runs a program it kept for a graph
+    of the same content)."""
     tokens = META["models"]["q4_0"]["prompt_tokens"]
     m = llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False)
     _, reused = _counted_decode(monkeypatch, m, tokens, 6)
@@ -661,7 +662,11 @@ def test_reuse_disabled_gives_the_same_logits(monkeypatch):
     m2 = llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False)
     assert not m2.graph_reuse
     counts, rebuilt = _counted_decode(monkeypatch, m2, tokens, 6)
-    assert counts == dict(build=7, split=7, alloc=7, plan=7) and m2.timings["n_reused"] == 0
+    # every decode graph has the content of the one before: the CPU stream plans and
+    # lowers the prompt's graph and the first decode graph, and runs its kept programs
+    # for the other five (07c)
+    assert counts == dict(build=7, split=7, alloc=7, plan=2) and m2.timings["n_reused"] == 0
+    assert (m2.backends[-1].programs.hits, m2.backends[-1].programs.misses) == (5, 2)
     assert np.array_equal(reused, rebuilt)
     monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "0")                     # atoi(...) != 0, as llama.cpp
     assert llama.load(DATA / "llama_q4_0.gguf", n_ctx=64, n_threads=1, progress=False).graph_reuse
