@@ -1300,3 +1300,40 @@ def test_soft_max_row_max_is_ggmls_max_also_with_nans():
                 y[nan_at] = np.nan
             want, got = ggml_max(y), row_max(y)
             assert (np.isnan(want) and np.isnan(got)) or want == got, (n, nan_at, want, got)
+
+
+def _q8_0_x86_lanes(block):
+    """ggml's AVX quantize_row_q8_0 for one block, instruction by instruction, in numpy:
+    maxps(a, b) = a > b ? a : b (its second operand when either is a NaN), cvtps2dq (NaN
+    -> INT32_MIN), the saturating packs."""
+    mx = lambda a, b: np.where(a > b, a, b)                                   # noqa: E731
+    v = [np.abs(block[8 * i:8 * i + 8]) for i in range(4)]
+    m = mx(mx(mx(v[0], v[1]), v[2]), v[3])
+    h = mx(m[4:], m[:4])                             # _mm_max_ps(upper half, lower half)
+    h = mx(h[:2], h[2:])                             # _mm_max_ps(h, _mm_movehl_ps(h, h))
+    amax = mx(h[0], h[1])                            # _mm_max_ss(h, _mm_movehdup_ps(h))
+    d = np.float32(amax / np.float32(127))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        idd = np.float32(127) / amax if amax != 0 else np.float32(0)
+        r = np.rint(block * np.float32(idd))
+    codes = np.where(np.isnan(r) | (np.abs(r) >= 2.0 ** 31), -2 ** 31, r)
+    codes = np.clip(codes, -128, 127).astype(np.int8)
+    return np.concatenate([np.array([d], np.float16).view(np.uint8), codes.view(np.uint8)])
+
+
+def test_q8_0_from_float_follows_x86_lanes_on_nan():
+    """A NaN at each of the 32 places of a block: ggml's x86 quantizer carries it into amax
+    (then d and every code are NaN's) from some lanes and drops it from others (maxps keeps
+    its second operand); the bytes are the instruction-by-instruction emulation's."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal(32).astype(np.float32)
+    kept = 0
+    for j in range(32):
+        block = base.copy()
+        block[j] = np.nan
+        y = np.zeros(34, np.uint8)
+        quantize_row_q8_0(block, y)
+        want = _q8_0_x86_lanes(block)
+        assert np.array_equal(y, want), (j, y, want)
+        kept += np.isnan(np.frombuffer(y[:2].tobytes(), np.float16)[0])
+    assert 0 < kept < 32                             # both outcomes occur

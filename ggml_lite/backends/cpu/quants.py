@@ -78,28 +78,48 @@ def storage_any(a, t, where):
                         f"{type_name(t)}")
     return a, ta
 
+# %% book/05_cpu_kernels.ipynb #kern-from-float-lanes
+from ggml_lite.backends.cpu.simd import (vas, vcvt_i32, vget, vload_f32, vrint,
+                                         vstore_i8, vsum)
+from ggml_lite.backends.cpu.vexp import vmax8
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _max(a, b):
+    """_mm_max_ps's rule, a > b ? a : b: when either is a NaN, b."""
+    return a if a > b else b
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _abs8(v):
+    """|v| lane by lane: the sign bits cleared."""
+    return vas(vas(v, np.uint32) & np.uint32(0x7FFFFFFF), np.float32)
+
 # %% book/05_cpu_kernels.ipynb #kern-from-float
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _q8_x86(x, o, y, b, n_qs):
-    """One block of 32 as ggml's AVX quantize_row_q8_0/q8_1: d = amax/127 and the codes
-    round-half-even(x * 127/amax) (_mm256_round_ps, then _mm256_cvtps_epi32, saturated
-    by the
-    packs: NaN gives -128). Returns the sum of the codes (q8_1's s)."""
-    amax = np.float32(0.0)
-    for j in range(32):
-        amax = max(amax, abs(x[o + j]))
+    """One block of 32 (x[o:o+32], side by side) as ggml's AVX quantize_row_q8_0/q8_1:
+    amax = max |x| over eight lanes in ggml's order, d = amax/127, the codes
+    round-half-even(x * 127/amax) converted as x86 does (a NaN gives -128). Returns the
+    int32 sum of the codes before the packs (q8_1's s) and d."""
+    v0, v1, v2, v3 = (vload_f32(x, o, 8), vload_f32(x, o + 8, 8),
+                      vload_f32(x, o + 16, 8), vload_f32(x, o + 24, 8))
+    m = _abs8(v0)                                  # _mm256_andnot_ps(-0.0f, v)
+    m = vmax8(vmax8(vmax8(m, _abs8(v1)), _abs8(v2)), _abs8(v3))
+    # the upper half against the lower, lanes 2, 3 against 0, 1, then lane 1 against 0
+    amax = _max(_max(_max(vget(m, 4), vget(m, 0)), _max(vget(m, 6), vget(m, 2))),
+                _max(_max(vget(m, 5), vget(m, 1)), _max(vget(m, 7), vget(m, 3))))
     d = amax / np.float32(127.0)
     idd = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
     h = np.int64(fp32_to_fp16(d))
     y[b], y[b + 1] = h & 0xFF, h >> 8
-    total = 0
-    for j in range(32):
-        # rint: to nearest, halves to even
-        v = np.rint(x[o + j] * idd)
-        q = -128 if not (v >= -128.0 and v <= 127.0) else np.int64(v)
-        y[b + n_qs + j] = q & 0xFF
-        total += q
-    return total, d
+    q0, q1 = vcvt_i32(vrint(v0 * idd)), vcvt_i32(vrint(v1 * idd))
+    q2, q3 = vcvt_i32(vrint(v2 * idd)), vcvt_i32(vrint(v3 * idd))
+    vstore_i8(y, b + n_qs, q0)
+    vstore_i8(y, b + n_qs + 8, q1)
+    vstore_i8(y, b + n_qs + 16, q2)
+    vstore_i8(y, b + n_qs + 24, q3)
+    return vsum(q0 + q1 + q2 + q3), d
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -108,14 +128,16 @@ def quantize_row_q8_0(x, y):
     from_float, which converts CPY's and mul_mat's F32 to Q8_0 on the CPU. The reference
     quantizer of the types chapter (roundf: halves away from zero, times 1/d) is what
     quantize_chunk uses."""
+    x = np.ascontiguousarray(x)                 # (a copy only of a strided row)
     for i in range(x.shape[0] // 32):
         _q8_x86(x, 32 * i, y, 34 * i, 2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def quantize_row_q8_1(x, y):
-    """ggml-cpu's quantize_row_q8_1 on x86 (AVX path): as q8_0, and s = fp16(d * sum of
-    codes)."""
+    """ggml-cpu's quantize_row_q8_1 on x86 (AVX path): as q8_0, and s = fp16(d * the
+    int32 sum of the codes)."""
+    x = np.ascontiguousarray(x)
     for i in range(x.shape[0] // 32):
         total, d = _q8_x86(x, 32 * i, y, 36 * i, 4)
         h = np.int64(fp32_to_fp16(np.float32(total) * d))

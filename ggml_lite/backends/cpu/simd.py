@@ -442,6 +442,75 @@ def half_bits(typingctx, f):
         return builder.bitcast(builder.fptrunc(x, ir.HalfType()), ir.IntType(16))
     return types.uint16(f), codegen
 
+# %% book/92_making_python_fast.ipynb #kern-simd-q8
+@intrinsic
+def vload_f32(typingctx, a, i, n):
+    """The n float32 a[i], ..., a[i+n-1] (side by side in memory) as Vec(float32 x n), n
+    a constant: one unaligned load."""
+    if not (isinstance(a, types.Array) and a.dtype == types.float32
+            and isinstance(n, types.IntegerLiteral)):
+        return None
+    rt = Vec(types.float32, n.literal_value)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(
+            _pointer(context, builder, sig.args[0], args[0], args[1], rt), align=4)
+    return rt(a, i, n), codegen
+
+
+@intrinsic
+def vrint(typingctx, v):
+    """Each float32 lane to the nearest whole number, halves to even."""
+    if not (isinstance(v, Vec) and v.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return x86_intrinsic(builder, f"llvm.rint.v{sig.args[0].count}f32",
+                             args[0].type, [args[0]])
+    return v(v), codegen
+
+
+@intrinsic
+def vcvt_i32(typingctx, v):
+    """Vec(float32 x 8) to Vec(int32 x 8) as x86's cvtps2dq: rounded to nearest, and a
+    NaN or a value outside int32 becomes INT32_MIN."""
+    if not (isinstance(v, Vec) and v.dtype == types.float32 and v.count == 8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32, f32 = ir.VectorType(_I32, 8), ir.VectorType(ir.FloatType(), 8)
+        x = args[0]
+        if AVX2:
+            return x86_intrinsic(builder, "llvm.x86.avx.cvt.ps2dq.256", i32, [x])
+        ok = builder.and_(
+            builder.fcmp_ordered(">=", x, ir.Constant(f32, [-2.0 ** 31] * 8)),
+            builder.fcmp_ordered("<", x, ir.Constant(f32, [2.0 ** 31] * 8)))
+        x = x86_intrinsic(builder, "llvm.rint.v8f32", f32,
+                          [builder.select(ok, x, ir.Constant(f32, [0.0] * 8))])
+        return builder.select(ok, builder.fptosi(x, i32), ir.Constant(i32, [-2 ** 31] * 8))
+    return Vec(types.int32, 8)(v), codegen
+
+
+@intrinsic
+def vstore_i8(typingctx, a, i, q):
+    """Vec(int32 x n) q stored as n int8 at a[i], ... of a uint8 array, each clamped to
+    -128..127 (the saturating packs)."""
+    if not (isinstance(a, types.Array) and a.dtype == types.uint8
+            and isinstance(q, Vec) and q.dtype == types.int32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n = sig.args[2].count
+        vt = ir.VectorType(_I32, n)
+        lo, hi, q = ir.Constant(vt, [-128] * n), ir.Constant(vt, [127] * n), args[2]
+        q = builder.select(builder.icmp_signed("<", q, lo), lo, q)
+        q = builder.select(builder.icmp_signed(">", q, hi), hi, q)
+        i8 = ir.VectorType(ir.IntType(8), n)
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], Vec(types.int8, n))
+        builder.store(builder.trunc(q, i8), ptr, align=1)
+        return context.get_dummy_value()
+    return types.none(a, i, q), codegen
+
 # %% book/92_making_python_fast.ipynb #67b3363c
 @intrinsic
 def vdot4(typingctx, a, b):
