@@ -142,6 +142,8 @@ def new_graph(ctx):
 # %% book/04_graph.ipynb #graph-dfs
 # the flag bits as plain ints: IntFlag's & and | make a new enum member at every call
 _PARAM, _COMPUTE = int(TensorFlag.PARAM), int(TensorFlag.COMPUTE)
+# flags | COMPUTE for every set of flags, made once for the same reason
+_WITH_COMPUTE = {f: f | TensorFlag.COMPUTE for f in map(TensorFlag, range(32))}
 
 
 def _is_leaf(t):
@@ -155,9 +157,10 @@ def _count_new(graph, root, where):
     seen, stack, nodes, leafs = set(), [root], 0, 0
     while stack:
         t = stack.pop()
-        if id(t) in visited or id(t) in seen:
+        key = id(t)
+        if key in visited or key in seen:
             continue
-        seen.add(id(t))
+        seen.add(key)
         tensor_check_alive(t, where)
         if _is_leaf(t):
             leafs += 1
@@ -186,12 +189,13 @@ def _visit_parents(graph, root, compute):
 
     def enter(t):
         if compute and t.op != Op.NONE and not int(t.flags) & _COMPUTE:
-            t.flags |= TensorFlag.COMPUTE
-        new = id(t) not in visited
+            t.flags = _WITH_COMPUTE.get(t.flags) or t.flags | TensorFlag.COMPUTE
+        key = id(t)
+        new = key not in visited
         if new:
-            visited[id(t)] = t
-            counts[id(t)] = 0
-        elif not compute:        # already in the graph: only a flag could need spreading
+            visited[key] = t
+            counts[key] = 0
+        elif not compute:     # already in the graph: only a flag could need spreading
             return
         srcs = [s for s in t.src if s is not None]   # its operands, in the walk's order
         stack.append([t, iter(srcs[::-1] if rtl else srcs), new, None])
