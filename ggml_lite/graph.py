@@ -157,6 +157,8 @@ def _count_new(graph, root, where):
     seen, stack, nodes, leafs = set(), [root], 0, 0
     while stack:
         t = stack.pop()
+        if t is None:                                     # an empty src slot
+            continue
         key = id(t)
         if key in visited or key in seen:
             continue
@@ -166,7 +168,7 @@ def _count_new(graph, root, where):
             leafs += 1
         else:
             nodes += 1
-        stack += [s for s in t.src if s is not None]
+        stack += t.src
     return nodes, leafs
 
 # %% book/04_graph.ipynb #0410d3fe1587

@@ -158,7 +158,8 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
     ne = list(map(int, ne))
     if len(ne) < n_dims:
         raise GGMLError(f"{where}: {len(ne)} sizes given for n_dims = {n_dims}")
-    ne = ne[:n_dims] + [1] * (MAX_DIMS - n_dims)
+    if len(ne) != MAX_DIMS or n_dims != MAX_DIMS:        # (4 sizes for 4 dims: kept)
+        ne = ne[:n_dims] + [1] * (MAX_DIMS - n_dims)
     if min(ne) < 0:
         raise GGMLError(f"{where}: negative size in ne = {ne}")
     if view_src is not None:
@@ -248,9 +249,9 @@ def set_name(t, name):
     than 63 bytes (GGML_MAX_NAME - 1) raises GGMLError and leaves t's name as it was."""
     tensor_check_alive(t, "set_name")
     n = len(str(name).encode("utf-8"))
-    require(n <= MAX_NAME - 1, "set_name",
-            lambda: f"the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
-                    f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
+    if n > MAX_NAME - 1:                   # (hot: a plain raise, no message closure)
+        raise GGMLError(f"set_name: the name '{str(name)[:20]}…' is {n} bytes; a "
+                        f"tensor name holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
     t.name = name
     return t
 
