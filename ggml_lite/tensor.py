@@ -130,17 +130,18 @@ def _check_view(view_src, view_offs, data_size, strided, where):
     explicit strides (`strided`, a descriptor with the view's ne and nb), its whole
     extent too."""
     src_bytes = nbytes(view_src)
-    require(view_offs >= 0 and (data_size == 0 or data_size + view_offs <= src_bytes),
-            where,
-            lambda: f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
-                    f"(source '{view_src.name}', ne={view_src.ne})",
-            assertion="view_src == NULL || data_size == 0 || data_size + view_offs <= "
-                      "ggml_nbytes(view_src)")
+    if view_offs < 0 or (data_size != 0 and data_size + view_offs > src_bytes):
+        require(False, where,                  # (hot: the message only on failure)
+                f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
+                f"(source '{view_src.name}', ne={view_src.ne})",
+                assertion="view_src == NULL || data_size == 0 || data_size + view_offs "
+                          "<= ggml_nbytes(view_src)")
     extent = nbytes(strided) if strided is not None else 0
-    require(not extent or view_offs + extent <= src_bytes, where,
-            lambda: f"view out of bounds: with nb={strided.nb if strided else None} "
-                    f"the view spans {extent} bytes from offset {view_offs}, past the "
-                    f"{src_bytes} bytes of '{view_src.name}'")
+    if extent and view_offs + extent > src_bytes:
+        require(False, where,
+                f"view out of bounds: with nb={strided.nb} the view spans {extent} "
+                f"bytes from offset {view_offs}, past the {src_bytes} bytes of "
+                f"'{view_src.name}'")
 
 # %% book/02_tensor.ipynb #tensor-new-impl
 def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
