@@ -94,12 +94,15 @@ class Context:
         self._freed = False
         self._generation = 0
         self._ends = {}
+        # the pool's address, asked of numpy once (each asking builds a dict; every
+        # new object needs it)
+        self._base = address(mem_buffer)
 
     @property
     def base(self):
         """The address of the pool's first byte (ggml: ctx->mem_buffer)."""
         context_check_alive(self)
-        return address(self.mem_buffer)
+        return self._base
 
     def __iter__(self):
         return (
@@ -202,6 +205,9 @@ def tensor_overhead():
     return OBJECT_SIZE + TENSOR_SIZE
 
 # %% book/02_tensor.ipynb #tensor-check-alive
+_NEXT = struct.Struct("<Q")     # a header's `next` field, 16 bytes into it
+
+
 def new_object(ctx, obj_type, size, payload=None, where=None):
     """ggml_new_object: append an object of `size` bytes (padded to 16) to the pool; its
     payload offset. `where`: the call that asked (new_tensor_2d, new_graph_custom, ...),
@@ -211,20 +217,23 @@ def new_object(ctx, obj_type, size, payload=None, where=None):
     the previous header (`next` holds the new header's address, as ggml's pointer
     would). """
     context_check_alive(ctx)
-    require(size >= 0, "ggml_new_object", f"negative size {size}")
-    cur_end = used_mem(ctx)
+    if size < 0:                         # (hot: plain raises, no message closures)
+        raise GGMLError(f"ggml_new_object: negative size {size}")
+    last = ctx.objects[-1] if ctx.objects else None
+    cur_end = last.offs + last.size if last is not None else 0      # used_mem(ctx)
     size_needed = PAD(size, MEM_ALIGN)
     needed = cur_end + size_needed + OBJECT_SIZE
     if needed > ctx.mem_size:            # ggml's message, with the call that ran out
         raise GGMLError(f"{where + ': ' if where else ''}not enough space in the "
                         f"context's memory pool "
                         f"(needed {needed}, available {ctx.mem_size})")
-    obj = _Object(cur_end + OBJECT_SIZE, size_needed, ObjectType(obj_type), payload)
+    if obj_type.__class__ is not ObjectType:     # hot: an Enum call only when needed
+        obj_type = ObjectType(obj_type)
+    obj = _Object(cur_end + OBJECT_SIZE, size_needed, obj_type, payload)
     pool = ctx.mem_buffer
-    _HEADER.pack_into(pool, cur_end, obj.offs, obj.size, 0, int(obj.type))
-    if ctx.objects:            # link: previous header's `next` = address of this header
-        prev_header = ctx.objects[-1].offs - OBJECT_SIZE
-        struct.pack_into("<Q", pool, prev_header + 16, address(pool) + cur_end)
+    _HEADER.pack_into(pool, cur_end, obj.offs, obj.size, 0, int(obj_type))
+    if last is not None:       # link: previous header's `next` = address of this header
+        _NEXT.pack_into(pool, last.offs - OBJECT_SIZE + 16, ctx._base + cur_end)
     ctx.objects.append(obj)
     return obj.offs
 
@@ -279,8 +288,13 @@ def tensor_is_alive(t):
 def tensor_check_alive(t, where):
     """Raise GGMLError naming t if its memory is gone (freed with the pool its
     context owned, or reset)."""
+    # hot (every entry point): both generations current, the test of first_gone below,
+    # says it is alive without building a reason
+    ctx, v = t._ctx, t.view_src
+    if (ctx is None or t._gen == ctx._generation) and (
+            v is None or v._ctx is None or v._gen == v._ctx._generation):
+        return
     why = _tensor_gone(t)
-    # hot: every entry point
     require(why is None, where, lambda: f"tensor {_describe(t)} is gone: {why}")
 
 # %% book/02_tensor.ipynb #08bb957cce

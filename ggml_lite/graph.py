@@ -140,25 +140,35 @@ def new_graph(ctx):
     return new_graph_custom(ctx, DEFAULT_GRAPH_SIZE, False)
 
 # %% book/04_graph.ipynb #graph-dfs
+# the flag bits as plain ints: IntFlag's & and | make a new enum member at every call
+_PARAM, _COMPUTE = int(TensorFlag.PARAM), int(TensorFlag.COMPUTE)
+# flags | COMPUTE for every set of flags, made once for the same reason
+_WITH_COMPUTE = {f: f | TensorFlag.COMPUTE for f in map(TensorFlag, range(32))}
+
+
 def _is_leaf(t):
-    return t.op == Op.NONE and not (t.flags & TensorFlag.PARAM)
+    return t.op == Op.NONE and not int(t.flags) & _PARAM
 
 
 def _count_new(graph, root, where):
     """How many nodes and leafs a walk from root would append (nothing is changed; each
     new tensor must be alive)."""
+    visited = graph.visited_hash_set
     seen, stack, nodes, leafs = set(), [root], 0, 0
     while stack:
         t = stack.pop()
-        if id(t) in graph.visited_hash_set or id(t) in seen:
+        if t is None:                                     # an empty src slot
             continue
-        seen.add(id(t))
+        key = id(t)
+        if key in visited or key in seen:
+            continue
+        seen.add(key)
         tensor_check_alive(t, where)
         if _is_leaf(t):
             leafs += 1
         else:
             nodes += 1
-        stack.extend(s for s in t.src if s is not None)
+        stack += t.src
     return nodes, leafs
 
 # %% book/04_graph.ipynb #0410d3fe1587
@@ -176,23 +186,21 @@ def _append(graph, t):
 def _visit_parents(graph, root, compute):
     """ggml_visit_parents_graph, with an explicit stack: post-order DFS over
     src[0..9]."""
-    order = (
-        range(MAX_SRC)
-        if graph.order != EvalOrder.RIGHT_TO_LEFT
-        else range(MAX_SRC - 1, -1, -1)
-    )
+    rtl = graph.order == EvalOrder.RIGHT_TO_LEFT
     visited, counts, stack = graph.visited_hash_set, graph.use_counts, []
 
     def enter(t):
-        if compute and t.op != Op.NONE:
-            t.flags |= TensorFlag.COMPUTE
-        if id(t) in visited:             # already in the graph: only propagate the flag
-            if compute:
-                stack.append([t, iter(order), False, None])
+        if compute and t.op != Op.NONE and not int(t.flags) & _COMPUTE:
+            t.flags = _WITH_COMPUTE.get(t.flags) or t.flags | TensorFlag.COMPUTE
+        key = id(t)
+        new = key not in visited
+        if new:
+            visited[key] = t
+            counts[key] = 0
+        elif not compute:     # already in the graph: only a flag could need spreading
             return
-        visited[id(t)] = t
-        counts[id(t)] = 0
-        stack.append([t, iter(order), True, None])
+        srcs = [s for s in t.src if s is not None]   # its operands, in the walk's order
+        stack.append([t, iter(srcs[::-1] if rtl else srcs), new, None])
 
     enter(root)
     while stack:
@@ -201,9 +209,8 @@ def _visit_parents(graph, root, compute):
         if pending is not None:         # an operand's visit has returned: count its use
             counts[id(pending)] += 1
             frame[3] = None
-        for k in srcs:
-            s = t.src[k]
-            if s is None or (not new and s.flags & TensorFlag.COMPUTE):
+        for s in srcs:
+            if not new and int(s.flags) & _COMPUTE:
                 continue
             if new:
                 frame[3] = s
@@ -230,7 +237,7 @@ def _build_forward_impl(graph, tensor, compute, where):
     n_old = graph.n_nodes
     _visit_parents(graph, tensor, compute)
     require(graph.n_nodes == n_old or graph.nodes[-1] is tensor, where,
-            f"the walk from '{tensor.name}' did not end on it",
+            lambda: f"the walk from '{tensor.name}' did not end on it",
             assertion="cgraph->nodes[cgraph->n_nodes - 1] == tensor")
 
 # %% book/04_graph.ipynb #8123f44139ac

@@ -50,7 +50,7 @@ def n_dims(t):
 # %% book/02_tensor.ipynb #tensor-shape-preds
 def is_empty(t):
     """ggml_is_empty: some dimension has no elements."""
-    return any(n == 0 for n in t.ne)
+    return t.ne[0] == 0 or t.ne[1] == 0 or t.ne[2] == 0 or t.ne[3] == 0
 
 
 def is_scalar(t):
@@ -145,7 +145,9 @@ def can_repeat(t0, t1):
     t0's)."""
     if is_empty(t0):
         return is_empty(t1)
-    return all(t1.ne[i] % t0.ne[i] == 0 for i in range(MAX_DIMS))
+    a, b = t0.ne, t1.ne
+    return (b[0] % a[0] == 0 and b[1] % a[1] == 0 and b[2] % a[2] == 0
+            and b[3] % a[3] == 0)
 
 # %% book/02_tensor.ipynb #tensor-is-contiguous-n
 from ggml_lite.core import require
@@ -162,10 +164,10 @@ def require_same_shape(a, b, where, names=("a", "b")):
 def _is_contiguous_n(t, n):
     """ggml_is_contiguous_n: dim 0 dense; dims 1..n any stride; dims > n packed on the
     previous."""
-    next_nb = type_size(t.type)
-    if t.ne[0] != blck_size(t.type) and t.nb[0] != next_nb:
+    bs, next_nb = blck_size(t.type), type_size(t.type)
+    if t.ne[0] != bs and t.nb[0] != next_nb:
         return False
-    next_nb *= t.ne[0] // blck_size(t.type)
+    next_nb *= t.ne[0] // bs
     for i in range(1, MAX_DIMS):
         if i > n:
             if t.ne[i] != 1 and t.nb[i] != next_nb:

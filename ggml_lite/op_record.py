@@ -7,8 +7,8 @@ __all__ = []
 import struct
 
 from ggml_lite.core import GGMLError
-from ggml_lite.tensor import (Tensor, dup_tensor, set_op_params, tensor_check_alive,
-                              view_tensor)
+from ggml_lite.tensor import (MAX_OP_PARAMS, Tensor, dup_tensor, set_op_params,
+                              tensor_check_alive, view_tensor)
 
 # %% book/03_ops.ipynb #ops-check
 def ne_str(t):
@@ -33,7 +33,10 @@ def alive(where, *tensors, names="abc"):
 def as_enum(kind, value, where):
     """An enum argument as ggml's enum, or a GGMLError naming it (ggml takes any int
     here)."""
-    member = next((m for m in kind if m == value), None)
+    if value.__class__ is kind:        # a member already (hot): no walk over them
+        member = value
+    else:
+        member = next((m for m in kind if m == value), None)
     if member is None or member.name == "COUNT":
         raise GGMLError(f"{where}: {value!r} is not a {kind.__name__}")
     return member
@@ -50,7 +53,13 @@ def record(result, op, *src):
     return result
 
 
+_LAYOUTS = {}     # fmt -> its struct.Struct, compiled once
+
+
 def pack(result, fmt, *values):
     """Lay values into op_params as C does with memcpy (little-endian int32/float32
     words)."""
-    set_op_params(result, struct.pack("<" + fmt, *values))
+    layout = _LAYOUTS.get(fmt) or _LAYOUTS.setdefault(fmt, struct.Struct("<" + fmt))
+    if layout.size > MAX_OP_PARAMS:      # set_op_params refuses it, with its message
+        set_op_params(result, layout.pack(*values))
+    layout.pack_into(result.op_params, 0, *values)   # straight into the int32 words

@@ -40,6 +40,10 @@ class TensorFlag(IntFlag):
     LOSS = 8       # a scalar loss (training)
     COMPUTE = 16   # set by build_forward_expand on nodes the backend must execute
 
+
+# no role: every tensor starts with it, made once (an Enum call costs a microsecond)
+_NO_FLAGS = TensorFlag(0)
+
 # %% book/02_tensor.ipynb #tensor-op-none
 _OP_NONE = 0
 _OP_RESHAPE = 36      # GGML_OP_RESHAPE
@@ -52,6 +56,8 @@ _OP_NAMES = {_OP_NONE: "NONE", _OP_RESHAPE: "RESHAPE", _OP_VIEW: "VIEW",
 
 
 def _as_type(t, where):
+    if t.__class__ is Type:          # the common case, without Enum's lookup (hot)
+        return t
     try:
         return Type(t)
     except ValueError:
@@ -72,7 +78,7 @@ class Tensor:
         self.nb = list(nb)                         # size_t nb[4]: byte strides
         self.op = _OP_NONE                         # enum ggml_op
         self.op_params = np.zeros(MAX_OP_PARAMS // 4, dtype=np.int32)
-        self.flags = TensorFlag(0)
+        self.flags = _NO_FLAGS                     # TensorFlag(0)
         self.src = [None] * MAX_SRC
         self.view_src = None  # the root tensor whose bytes this one shows
         self.view_offs = 0                         # byte offset into view_src
@@ -108,13 +114,15 @@ class Tensor:
                 f"ne={self.ne}, nb={self.nb}, op={op})")
 
 # %% book/02_tensor.ipynb #tensor-fresh-strides
+# (blck_size, type_size) of each type, read once: ggml reads type_traits[type] directly
+_BLOCK = {t: (blck_size(t), type_size(t)) for t in Type}
+
+
 def _fresh_strides(type, ne):
     """nb for a contiguous tensor of shape ne (ggml_new_tensor_impl)."""
-    nb = [type_size(type), 0, 0, 0]
-    nb[1] = nb[0] * (ne[0] // blck_size(type))
-    for i in range(2, MAX_DIMS):
-        nb[i] = nb[i - 1] * ne[i - 1]
-    return nb
+    bs, ts = _BLOCK[type]
+    nb1 = ts * (ne[0] // bs)
+    return [ts, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2]]
 
 
 def _check_view(view_src, view_offs, data_size, strided, where):
@@ -122,17 +130,18 @@ def _check_view(view_src, view_offs, data_size, strided, where):
     explicit strides (`strided`, a descriptor with the view's ne and nb), its whole
     extent too."""
     src_bytes = nbytes(view_src)
-    require(view_offs >= 0 and (data_size == 0 or data_size + view_offs <= src_bytes),
-            where,
-            f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
-            f"(source '{view_src.name}', ne={view_src.ne})",
-            assertion="view_src == NULL || data_size == 0 || data_size + view_offs <= "
-                      "ggml_nbytes(view_src)")
+    if view_offs < 0 or (data_size != 0 and data_size + view_offs > src_bytes):
+        require(False, where,                  # (hot: the message only on failure)
+                f"view out of bounds: {data_size} + {view_offs} > {src_bytes} "
+                f"(source '{view_src.name}', ne={view_src.ne})",
+                assertion="view_src == NULL || data_size == 0 || data_size + view_offs "
+                          "<= ggml_nbytes(view_src)")
     extent = nbytes(strided) if strided is not None else 0
-    require(not extent or view_offs + extent <= src_bytes, where,
-            f"view out of bounds: with nb={strided.nb if strided else None} the view "
-            f"spans {extent} bytes from offset {view_offs}, past the {src_bytes} bytes "
-            f"of '{view_src.name}'")
+    if extent and view_offs + extent > src_bytes:
+        require(False, where,
+                f"view out of bounds: with nb={strided.nb} the view spans {extent} "
+                f"bytes from offset {view_offs}, past the {src_bytes} bytes of "
+                f"'{view_src.name}'")
 
 # %% book/02_tensor.ipynb #tensor-new-impl
 def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
@@ -142,39 +151,41 @@ def _new_tensor_impl(ctx, type, n_dims, ne, view_src=None, view_offs=0, nb=None,
 
     nb: explicit strides for a view (view_2d/3d/4d), checked to stay inside the source.
     """
+    # the hottest function of the package: plain `if ...: raise` (no message closures)
     _check_alive(ctx)
     type = _as_type(type, where)
-    require(1 <= n_dims <= MAX_DIMS, where, f"n_dims = {n_dims}, must be 1..{MAX_DIMS}")
-    ne = [int(n) for n in ne]
-    require(len(ne) >= n_dims, where, f"{len(ne)} sizes given for n_dims = {n_dims}")
-    ne = ne[:n_dims] + [1] * (MAX_DIMS - n_dims)
-    require(all(n >= 0 for n in ne), where, f"negative size in ne = {ne}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise GGMLError(f"{where}: n_dims = {n_dims}, must be 1..{MAX_DIMS}")
+    ne = list(map(int, ne))
+    if len(ne) < n_dims:
+        raise GGMLError(f"{where}: {len(ne)} sizes given for n_dims = {n_dims}")
+    if len(ne) != MAX_DIMS or n_dims != MAX_DIMS:        # (4 sizes for 4 dims: kept)
+        ne = ne[:n_dims] + [1] * (MAX_DIMS - n_dims)
+    if min(ne) < 0:
+        raise GGMLError(f"{where}: negative size in ne = {ne}")
     if view_src is not None:
         tensor_check_alive(view_src, where)
-    if view_src is not None and view_src.view_src is not None:   # re-base onto the root
-        view_offs += view_src.view_offs
-        view_src = view_src.view_src
-    bs = blck_size(type)
-    require(view_src is not None or ne[0] % bs == 0, where,
-            f"ne[0] = {ne[0]} is not a multiple of the block size {bs} of "
-            f"{type_name(type)}")
-    data_size = type_size(type) * ne[0] // bs
-    for n in ne[1:]:
-        data_size *= n
-    if view_src is not None:
-        _check_view(view_src, view_offs, data_size,
-                    Tensor(type, ne, nb) if nb is not None else None, where)
-    alloc = data_size if view_src is None and not ctx.no_alloc else 0
-    offs = new_object(  # raises before any change
-        ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, where=where)
+        if view_src.view_src is not None:                       # re-base onto the root
+            view_offs += view_src.view_offs
+            view_src = view_src.view_src
+    bs, ts = _BLOCK[type]
+    if view_src is None and ne[0] % bs != 0:
+        raise GGMLError(f"{where}: ne[0] = {ne[0]} is not a multiple of the block size "
+                        f"{bs} of {type_name(type)}")
+    data_size = ts * ne[0] // bs * ne[1] * ne[2] * ne[3]
+    # the descriptor first (nothing is changed by making it): a view's check reads it
     t = Tensor(type, ne, nb if nb is not None else _fresh_strides(type, ne), ctx)
+    if view_src is not None:
+        strided = t if nb is not None else None
+        _check_view(view_src, view_offs, data_size, strided, where)
+    alloc = data_size if view_src is None and not ctx.no_alloc else 0
+    # where the descriptor sits in the pool; raises before any change
+    t._offs = new_object(ctx, ObjectType.TENSOR, TENSOR_SIZE + alloc, t, where=where)
     t.view_src, t.view_offs = view_src, view_offs
-    t._offs = offs  # where the descriptor sits in the pool
     if alloc > 0:
-        t.data = _address(ctx.mem_buffer) + offs + TENSOR_SIZE  # after the descriptor
+        t.data = ctx.base + t._offs + TENSOR_SIZE  # after the descriptor
     elif view_src is not None and view_src.data:
         t.data = view_src.data + view_offs
-    ctx.objects[-1].payload = t
     ctx.n_objects += 1
     return t
 
@@ -223,6 +234,8 @@ def view_tensor(ctx, src):
 
 # %% book/02_tensor.ipynb #tensor-truncate-name
 def _truncate_name(name):
+    if name.__class__ is str and len(name) < MAX_NAME and name.isascii():
+        return name              # hot: an ASCII name of at most 63 bytes is kept whole
     raw = str(name).encode("utf-8")[:MAX_NAME - 1]
     return raw.decode("utf-8", errors="ignore")
 
@@ -237,9 +250,9 @@ def set_name(t, name):
     than 63 bytes (GGML_MAX_NAME - 1) raises GGMLError and leaves t's name as it was."""
     tensor_check_alive(t, "set_name")
     n = len(str(name).encode("utf-8"))
-    require(n <= MAX_NAME - 1, "set_name",
-            f"the name '{str(name)[:20]}…' is {n} bytes; a tensor name "
-            f"holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
+    if n > MAX_NAME - 1:                   # (hot: a plain raise, no message closure)
+        raise GGMLError(f"set_name: the name '{str(name)[:20]}…' is {n} bytes; a "
+                        f"tensor name holds at most {MAX_NAME - 1} (GGML_MAX_NAME - 1)")
     t.name = name
     return t
 
@@ -319,8 +332,8 @@ def _view_impl(ctx, a, n_dims, ne, offset, strides, where):
     nb = None if strides is None else [type_size(a.type)] + [int(s) for s in strides]
     t = _new_tensor_impl(ctx, a.type, n_dims, ne, a, offset, nb=nb, where=where)
     format_name(t, "%s (view)", a.name)
-    # size_t offset, relative to a
-    set_op_params(t, np.array([offset], dtype=np.uint64))
+    # size_t offset, relative to a: its 8 bytes in op_params[0..1], as memcpy lays them
+    t.op_params.view(np.uint64)[0] = offset
     t.op = _OP_VIEW
     t.src[0] = a
     return t
@@ -337,14 +350,15 @@ _RESHAPE_COUNT = {"reshape": "ggml_nelements(a) == ggml_nelements(b)",
 def _check_reshape(a, ne, where):
     tensor_check_alive(a, where)
     require(is_contiguous(a), where,
-            f"'{a.name}' has ne={a.ne} nb={a.nb}; make it contiguous first (cont)",
+            lambda: f"'{a.name}' has ne={a.ne} nb={a.nb}; make it contiguous first "
+                    "(cont)",
             assertion="ggml_is_contiguous(a)")
     n = 1
     for x in ne:
         n *= int(x)
     require(nelements(a) == n, where,
-            f"'{a.name}' has {nelements(a)} elements, the shape {[int(x) for x in ne]} "
-            f"has {n}",
+            lambda: f"'{a.name}' has {nelements(a)} elements, the shape "
+                    f"{[int(x) for x in ne]} has {n}",
             assertion=_RESHAPE_COUNT[where])
 
 
@@ -408,10 +422,7 @@ def reshape_4d(ctx, a, ne0, ne1, ne2, ne3):
     return _reshape_impl(ctx, a, [ne0, ne1, ne2, ne3], "reshape_4d")
 
 # %% book/02_tensor.ipynb #tensor-permute
-def permute(ctx, a, axis0, axis1, axis2, axis3):
-    """ggml_permute: source dimension i becomes dimension axis_i (ne and nb move
-    together)."""
-    axes = [int(axis0), int(axis1), int(axis2), int(axis3)]
+def _check_axes(axes):
     for i, ax in enumerate(axes):                    # ggml's ten asserts, in its order
         require(0 <= ax < MAX_DIMS, "permute",
                 f"axes {axes} are not a permutation of 0, 1, 2, 3",
@@ -421,6 +432,14 @@ def permute(ctx, a, axis0, axis1, axis2, axis3):
             require(axes[i] != axes[j], "permute",
                     f"axes {axes} are not a permutation of 0, 1, 2, 3",
                     assertion=f"axis{i} != axis{j}")
+
+
+def permute(ctx, a, axis0, axis1, axis2, axis3):
+    """ggml_permute: source dimension i becomes dimension axis_i (ne and nb move
+    together)."""
+    axes = [int(axis0), int(axis1), int(axis2), int(axis3)]
+    if sorted(axes) != [0, 1, 2, 3]:   # hot: ggml's asserts only when one of them fails
+        _check_axes(axes)
     t = view_tensor(ctx, a)
     format_name(t, "%s (permuted)", a.name)
     for i, ax in enumerate(axes):
@@ -428,7 +447,7 @@ def permute(ctx, a, axis0, axis1, axis2, axis3):
         t.nb[ax] = a.nb[i]
     t.op = _OP_PERMUTE
     t.src[0] = a
-    set_op_params(t, np.array(axes, dtype=np.int32))
+    t.op_params[:4] = axes                           # int32_t params[] = {axis0, ...}
     return t
 
 

@@ -495,3 +495,18 @@ def test_graph_functions_refuse_a_graph_whose_memory_is_gone():
         with pytest.raises(GGMLError, match=rf"^{where}: the graph is gone: its context was reset"):
             call()
     assert dst.n_nodes == 0
+
+
+def test_compute_flag_on_flags_tensorflag_does_not_name():
+    """build_forward_expand looks flags | COMPUTE up in a table of TensorFlag values; a
+    flags value with a bit TensorFlag has no name for (an int, as the RPC server may set)
+    still gets COMPUTE and keeps its bits; a plain int in the table becomes the member."""
+    ctx = ggml.init(1 << 20, no_alloc=True)
+    a = ggml.new_tensor_1d(ctx, F32, 4)
+    b, c = ggml.add(ctx, a, a), ggml.mul(ctx, a, a)
+    b.flags, c.flags = 64 | 2, 2
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, b)
+    ggml.build_forward_expand(gf, c)
+    assert int(b.flags) == 64 | 2 | 16 and b.flags & TensorFlag.COMPUTE
+    assert c.flags is TensorFlag.OUTPUT | TensorFlag.COMPUTE

@@ -548,3 +548,17 @@ def test_a_numpy_array_where_a_tensor_belongs_is_named(call, name):
     with pytest.raises(GGMLError, match=f"^{name} is a numpy.ndarray, not a ggml tensor"):
         call(ctx, t, np.zeros((3, 4), np.float32))
     assert ggml.used_mem(ctx) == used                      # nothing half-built
+
+
+def test_pack_in_place_and_its_size_limit():
+    """op_record.pack writes the words straight into op_params; a layout longer than
+    GGML_MAX_OP_PARAMS is refused with set_op_params' error, op_params left as it was."""
+    from ggml_lite.op_record import pack
+    ctx = ggml.init(1 << 16, no_alloc=True)
+    t = ggml.new_tensor_1d(ctx, Type.F32, 4)
+    pack(t, "if", 7, 0.5)
+    assert t.op_params.dtype == np.int32 and t.op_params.shape == (16,)
+    assert list(t.op_params[:3]) == [7, struct.unpack("<i", struct.pack("<f", 0.5))[0], 0]
+    with pytest.raises(GGMLError, match=r"set_op_params: 68 bytes > GGML_MAX_OP_PARAMS = 64"):
+        pack(t, "17i", *range(17))
+    assert list(t.op_params[:2]) == [7, 1056964608] and not t.op_params[2:].any()
