@@ -101,9 +101,12 @@ def _expand(sched, nodes, skip_cpu):
     backend over unassigned nodes it supports. skip_cpu: the CPU (last backend) is not
     carried, it clears the carry."""
     cpu = sched.n_backends - 1
+    # pass 1 put every node and leaf into the hash set: the later passes read their
+    # backend ids from the table directly
+    backend_ids = sched.hv_tensor_backend_ids
     cur = -1
     for node in nodes:
-        node_id = sched_tensor_backend_id(sched, node)
+        node_id = backend_ids[id(node)]
         if node_id != -1:
             cur = -1 if (skip_cpu and node_id == cpu) else node_id
         elif cur != -1:
@@ -140,10 +143,11 @@ def _pass3_upgrade(sched, graph):
     """Pass 3: an unassigned node goes to the backend supporting it and most of its
     srcs; an assigned one moves up to a higher-priority backend with the *same* buffer
     type if it can."""
+    backend_ids = sched.hv_tensor_backend_ids       # the graph's nodes are in it
     for node in graph.nodes:
         if node.op in _VIEW_OPS:
             continue
-        node_id = sched_tensor_backend_id(sched, node)
+        node_id = backend_ids[id(node)]
         if node_id == 0:
             continue                   # on the highest-priority backend already
         srcs = [s for s in node.src if s is not None]
@@ -171,8 +175,9 @@ def _pass3_upgrade(sched, graph):
 def _pass4_srcs(sched, graph):
     """Pass 4: views follow their source, unassigned srcs their consumer; every node
     ends assigned."""
+    backend_ids = sched.hv_tensor_backend_ids       # the graph's nodes are in it
     for node in graph.nodes:
-        cur = sched_tensor_backend_id(sched, node)
+        cur = backend_ids[id(node)]
         if cur == -1 and node.view_src is not None:
             cur = sched_tensor_backend_id(sched, node.view_src)
             sched_set_tensor_backend_id(sched, node, cur, "4.vsrc")
@@ -262,10 +267,11 @@ def _pass5_splits(sched, graph):
     )
     sched.splits = [split]
     cur = split.backend_id
+    backend_ids = sched.hv_tensor_backend_ids       # the graph's nodes are in it
     for i, node in enumerate(graph.nodes):
         if node.op in _VIEW_OPS:
             continue
-        node_id = sched_tensor_backend_id(sched, node)
+        node_id = backend_ids[id(node)]
         if node_id != cur or _needs_new_split(sched, node, split, cur):
             split.i_end = i
             split = BackendSchedSplit(node_id, i)
@@ -313,6 +319,7 @@ def _build_graph_copy(sched, graph):
                   + sched.n_splits * SCHED_MAX_SPLIT_INPUTS * 2 * sched.n_copies)
     copy = CGraph(max(graph_size, sched.graph.size))
     node_ids, leaf_ids = [], []
+    backend_ids = sched.hv_tensor_backend_ids  # the graph's nodes and leafs are in it
     for split in sched.splits:
         split.graph = graph_view(graph, split.i_start, split.i_end)
         backend_graph_optimize(sched.backends[split.backend_id], split.graph)
@@ -322,9 +329,8 @@ def _build_graph_copy(sched, graph):
             input_dep.src[0] = inp
             copy.nodes += [input_dep, input_cpy]
             node_ids += [sched_tensor_backend_id(sched, inp), split.backend_id]
-        for node in split.graph.nodes:
-            copy.nodes.append(node)
-            node_ids.append(sched_tensor_backend_id(sched, node))
+        copy.nodes += split.graph.nodes
+        node_ids += [backend_ids[id(node)] for node in split.graph.nodes]
     if sched.n_copies > 1:
         for inp in sched.graph_inputs:
             backend_id = sched_tensor_backend_id(sched, inp)
@@ -337,9 +343,8 @@ def _build_graph_copy(sched, graph):
                     copy.leafs.append(sched_tensor_copy(sched, inp, split.backend_id,
                                                         c))
                     leaf_ids.append(split.backend_id)
-    for leaf in graph.leafs:
-        copy.leafs.append(leaf)
-        leaf_ids.append(sched_tensor_backend_id(sched, leaf))
+    copy.leafs += graph.leafs
+    leaf_ids += [backend_ids[id(leaf)] for leaf in graph.leafs]
     sched.prev_node_backend_ids, sched.node_backend_ids = (
         sched.node_backend_ids,
         node_ids,
