@@ -14,7 +14,7 @@ from ggml_lite.backend_impl import (
     buffer_check_alive,
     tensor_buffer,
 )
-from ggml_lite.context import address, aligned_zeros, tensor_check_alive
+from ggml_lite.context import address, aligned_zeros, first_gone, tensor_check_alive
 from ggml_lite.core import GGMLError, as_bytes, require
 from ggml_lite.tensor import nbytes
 
@@ -385,7 +385,8 @@ def backend_tensor_alloc(buffer, tensor, addr):
     """ggml_backend_tensor_alloc: place tensor at address addr inside buffer; a
     Status."""
     where = "backend_tensor_alloc"
-    tensor_check_alive(tensor, where)
+    if first_gone((tensor,)) is not None:   # per tensor of a graph: the quick test first
+        tensor_check_alive(tensor, where)
     require(
         tensor.buffer is None,
         where,
@@ -425,7 +426,8 @@ def backend_view_init(tensor):
     """ggml_backend_view_init: place a view in its source's buffer, at view_src.data +
     view_offs."""
     where = "backend_view_init"
-    tensor_check_alive(tensor, where)
+    if first_gone((tensor,)) is not None:   # per view of a graph: the quick test first
+        tensor_check_alive(tensor, where)
     src = tensor.view_src
     require(
         tensor.buffer is None,

@@ -187,12 +187,15 @@ def sched_tensor_backend_id(sched, t):
     # the keys of hv_tensor_backend_ids are those of the hash set: one lookup
     backend_id = sched.hv_tensor_backend_ids.get(id(t) if t is not None else 0)
     if backend_id is None:
-        return sched.hv_tensor_backend_ids[_hash_id(sched, t)]
+        _hash_id(sched, t)                 # t joins the set (or it is full)
+        return -1
     return backend_id
 
 
 def sched_set_tensor_backend_id(sched, t, backend_id, cause):
-    key = _hash_id(sched, t)
+    key = id(t) if t is not None else 0
+    if key not in sched.hv_tensor_backend_ids:
+        _hash_id(sched, t)
     sched.hv_tensor_backend_ids[key] = backend_id
     sched.causes[key] = cause
 
