@@ -423,15 +423,19 @@ def gallocr_reserve_n_size(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=
     ]
 
 # %% book/08_alloc.ipynb #alloc-alloc-graph
-def _fits(galloc, t, talloc):
+def _fits(galloc, t, talloc, sizes):
     """ggml_gallocr_node_needs_realloc — which, despite its name, is true when t still
-    fits."""
+    fits. sizes: the alloc sizes measured so far, by (id(t), buffer id)."""
     size = 0
     if not t.data and t.view_src is None:
         if talloc.buffer_id < 0:
             # it had memory from elsewhere when planned
             return False
-        size = backend_buft_get_alloc_size(galloc.bufts[talloc.buffer_id], t)
+        key = (id(t), talloc.buffer_id)
+        size = sizes.get(key)
+        if size is None:        # a tensor read by several nodes is measured once
+            buft = galloc.bufts[talloc.buffer_id]
+            size = sizes[key] = backend_buft_get_alloc_size(buft, t)
     return talloc.size_max >= size
 
 
@@ -443,11 +447,12 @@ def _needs_realloc(galloc, graph):
     if galloc.n_leafs != len(graph.leafs):
         return (f"graph has different number of leafs ({len(graph.leafs)}, "
                 f"reserved {galloc.n_leafs})")
+    sizes = {}
     for node, (dst, srcs) in zip(graph.nodes, galloc.node_allocs):
-        if not _fits(galloc, node, dst):
+        if not _fits(galloc, node, dst, sizes):
             return f"node {node.name} is not valid"
         for j, src in enumerate(node.src):
-            if src is not None and not _fits(galloc, src, srcs[j]):
+            if src is not None and not _fits(galloc, src, srcs[j], sizes):
                 return f"src {j} ({src.name}) of node {node.name} is not valid"
     return None
 

@@ -21,6 +21,7 @@ from ggml_lite.backend_buffer import (
 from ggml_lite.backend_impl import BackendDevType, buffer_check_alive, tensor_buffer
 from ggml_lite.core import as_bytes, check_index, require
 from ggml_lite.graph import graph_check_alive
+from ggml_lite.context import first_gone
 from ggml_lite.tensor import are_same_layout, nbytes, numpy_dtype, tensor_check_alive
 from ggml_lite.types import blck_size, is_quantized, type_name, type_size
 
@@ -476,7 +477,8 @@ def backend_dev_buffer_from_host_ptr(device, ptr, size, max_tensor_size):
 # %% book/07b_backend_streams.ipynb #backend-device-questions
 def backend_dev_supports_op(device, op):
     """ggml_backend_dev_supports_op: can the device compute this node?"""
-    tensor_check_alive(op, "backend_dev_supports_op")
+    if first_gone((op,)) is not None:     # asked for every node: the quick test first
+        tensor_check_alive(op, "backend_dev_supports_op")
     return bool(device.supports_op(op))
 
 

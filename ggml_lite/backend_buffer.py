@@ -14,7 +14,7 @@ from ggml_lite.backend_impl import (
     buffer_check_alive,
     tensor_buffer,
 )
-from ggml_lite.context import address, aligned_zeros, tensor_check_alive
+from ggml_lite.context import address, aligned_zeros, first_gone, tensor_check_alive
 from ggml_lite.core import GGMLError, as_bytes, require
 from ggml_lite.tensor import nbytes
 
@@ -59,11 +59,13 @@ def backend_buft_get_max_size(buft):
 def backend_buft_get_alloc_size(buft, tensor):
     """ggml_backend_buft_get_alloc_size: bytes the tensor needs in this buffer type (>=
     nbytes)."""
+    if type(buft).get_alloc_size is BackendBufferType.get_alloc_size:
+        return nbytes(tensor)   # not overridden: ggml's NULL entry, so ggml_nbytes
     size = buft.get_alloc_size(tensor)
     require(
         size >= nbytes(tensor),
         "backend_buft_get_alloc_size",
-        f"{buft.get_name()} says {size} bytes for "
+        lambda: f"{buft.get_name()} says {size} bytes for "
         f"'{tensor.name}', less than its nbytes {nbytes(tensor)}",
     )
     return size
@@ -108,7 +110,7 @@ def backend_buffer_get_base(buffer):
     require(
         base,
         "backend_buffer_get_base",
-        f"backend buffer base cannot be NULL ({buffer!r})",
+        lambda: f"backend buffer base cannot be NULL ({buffer!r})",
     )
     return base
 
@@ -261,6 +263,8 @@ class HostBuffer(BackendBuffer):
     def __init__(self, buft, size, memory):
         super().__init__(buft, size)
         self._memory = memory  # uint8, starts at the base address, >= size bytes
+        # read once: numpy builds a dict for every __array_interface__
+        self._base = address(memory)
 
     def host_array(self):
         if self._memory is None:
@@ -273,7 +277,7 @@ class HostBuffer(BackendBuffer):
         self._memory = None  # numpy views handed out earlier keep the bytes alive
 
     def get_base(self):
-        return address(self._memory)
+        return self._base
 
     def _start(self, tensor, offset, size, where):
         start = tensor.data - address(self._memory) + offset
@@ -381,7 +385,8 @@ def backend_tensor_alloc(buffer, tensor, addr):
     """ggml_backend_tensor_alloc: place tensor at address addr inside buffer; a
     Status."""
     where = "backend_tensor_alloc"
-    tensor_check_alive(tensor, where)
+    if first_gone((tensor,)) is not None:   # per tensor of a graph: the quick test first
+        tensor_check_alive(tensor, where)
     require(
         tensor.buffer is None,
         where,
@@ -393,7 +398,7 @@ def backend_tensor_alloc(buffer, tensor, addr):
     require(
         not tensor.data,
         where,
-        f"tensor '{tensor.name}' already has data (tensor->data == NULL fails)",
+        lambda: f"tensor '{tensor.name}' already has data (tensor->data == NULL fails)",
     )
     require(
         tensor.view_src is None,
@@ -409,7 +414,7 @@ def backend_tensor_alloc(buffer, tensor, addr):
     require(
         base <= addr and addr + size <= base + buffer.size,
         where,
-        f"tensor '{tensor.name}' ({size} bytes at offset {addr - base}) does "
+        lambda: f"tensor '{tensor.name}' ({size} bytes at offset {addr - base}) does "
         f"not fit in the {backend_buffer_name(buffer)} buffer of {buffer.size} bytes",
     )
     tensor.buffer = buffer
@@ -421,20 +426,23 @@ def backend_view_init(tensor):
     """ggml_backend_view_init: place a view in its source's buffer, at view_src.data +
     view_offs."""
     where = "backend_view_init"
-    tensor_check_alive(tensor, where)
+    if first_gone((tensor,)) is not None:   # per view of a graph: the quick test first
+        tensor_check_alive(tensor, where)
     src = tensor.view_src
     require(
-        tensor.buffer is None, where, f"tensor '{tensor.name}' is already in a buffer"
+        tensor.buffer is None,
+        where,
+        lambda: f"tensor '{tensor.name}' is already in a buffer",
     )
     require(
         src is not None,
         where,
-        f"tensor '{tensor.name}' is not a view (view_src is NULL)",
+        lambda: f"tensor '{tensor.name}' is not a view (view_src is NULL)",
     )
     require(
         src.buffer is not None and src.data,
         where,
-        f"the source '{src.name}' of view '{tensor.name}' is not allocated "
+        lambda: f"the source '{src.name}' of view '{tensor.name}' is not allocated "
         "in a buffer yet",
     )
     tensor.buffer = src.buffer

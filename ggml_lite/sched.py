@@ -42,6 +42,8 @@ def _check_hash_room(sched, graph, where):
 def _ids_changed(sched, ids, prev):
     """Did a tensor move to a backend with another buffer type (prev ids are 0 where
     unknown)?"""
+    if ids == prev:
+        return False               # the common case: the same ids as the last graph
     for i, b in enumerate(ids):
         p = prev[i] if i < len(prev) else 0
         if b != p and sched.bufts[b] is not sched.bufts[p]:

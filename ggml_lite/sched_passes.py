@@ -25,6 +25,12 @@ from ggml_lite.sched_state import (
 
 _log = logging.getLogger("ggml_lite.sched")
 
+# Asked per node and source by the passes: ggml_is_view_op, once per op here (reaching
+# Op's members is slow in Python), and the INPUT bit as a plain int (& on an IntFlag
+# builds a new flag)
+_VIEW_OPS = frozenset(op for op in Op if is_view_op(op))
+_FLAG_INPUT = int(TensorFlag.INPUT)
+
 # %% book/09_sched.ipynb #sched-pass1-rule
 def _backend_from_buffer(sched, tensor, op):
     """The highest-priority backend that can use tensor's buffer and run op; -1 if none.
@@ -56,12 +62,12 @@ def _backend_id_from_cur(sched, tensor):
                         f"that cannot run the operation ({op_name(tensor.op)}): none "
                         "of the backends "
                         f"[{sched_backend_names(sched)}] supports both")
-    if tensor.flags & TensorFlag.INPUT:
+    if int(tensor.flags) & _FLAG_INPUT:
         return sched.n_backends - 1, "1.inp"     # the last backend, the CPU
-    for i, src in enumerate(tensor.src):
-        # ROPE is skipped: its small frequency tensor should not decide (ggml 0.15.3
-        # skips only ROPE)
-        if (src is None or tensor.op == Op.ROPE or src.buffer is None
+    # ROPE's sources are skipped: its small frequency tensor should not decide (ggml
+    # 0.15.3 skips only ROPE)
+    for i, src in enumerate(tensor.src if tensor.op != Op.ROPE else ()):
+        if (src is None or src.buffer is None
                 or src.buffer.usage != BackendBufferUsage.WEIGHTS):
             continue
         src_backend_id = _backend_from_buffer(sched, src, tensor)
@@ -90,17 +96,17 @@ def _set_if_supported(sched, node, backend_id):
         sched_set_tensor_backend_id(sched, node, backend_id, "2.sup")
 
 
-def _expand(sched, graph, backward, skip_cpu):
-    """One walk of pass 2: carry the last assigned backend over unassigned nodes it
-    supports. skip_cpu: the CPU (last backend) is not carried, it clears the carry."""
+def _expand(sched, nodes, skip_cpu):
+    """One walk of pass 2 over nodes, in the walk's order: carry the last assigned
+    backend over unassigned nodes it supports. skip_cpu: the CPU (last backend) is not
+    carried, it clears the carry."""
     cpu = sched.n_backends - 1
-    order = range(graph.n_nodes - 1, -1, -1) if backward else range(graph.n_nodes)
+    # pass 1 put every node and leaf into the hash set: the later passes read their
+    # backend ids from the table directly
+    backend_ids = sched.hv_tensor_backend_ids
     cur = -1
-    for i in order:
-        node = graph.nodes[i]
-        if is_view_op(node.op):
-            continue
-        node_id = sched_tensor_backend_id(sched, node)
+    for node in nodes:
+        node_id = backend_ids[id(node)]
         if node_id != -1:
             cur = -1 if (skip_cpu and node_id == cpu) else node_id
         elif cur != -1:
@@ -108,11 +114,15 @@ def _expand(sched, graph, backward, skip_cpu):
 
 
 def _pass2_expand(sched, graph):
-    """Pass 2: "GPU" backends down then up, then any backend down then up."""
-    _expand(sched, graph, backward=False, skip_cpu=True)
-    _expand(sched, graph, backward=True, skip_cpu=True)
-    _expand(sched, graph, backward=False, skip_cpu=False)
-    _expand(sched, graph, backward=True, skip_cpu=False)
+    """Pass 2: "GPU" backends down then up, then any backend down then up (views
+    skipped). With the CPU alone the first two walks carry nothing: they are left out.
+    """
+    nodes = [node for node in graph.nodes if node.op not in _VIEW_OPS]
+    if sched.n_backends > 1:
+        _expand(sched, nodes, skip_cpu=True)
+        _expand(sched, reversed(nodes), skip_cpu=True)
+    _expand(sched, nodes, skip_cpu=False)
+    _expand(sched, reversed(nodes), skip_cpu=False)
 
 # %% book/09_sched.ipynb #sched-pass3
 def _buffer_supported(sched, t, backend_id):
@@ -133,10 +143,13 @@ def _pass3_upgrade(sched, graph):
     """Pass 3: an unassigned node goes to the backend supporting it and most of its
     srcs; an assigned one moves up to a higher-priority backend with the *same* buffer
     type if it can."""
+    backend_ids = sched.hv_tensor_backend_ids       # the graph's nodes are in it
     for node in graph.nodes:
-        if is_view_op(node.op):
+        if node.op in _VIEW_OPS:
             continue
-        node_id = sched_tensor_backend_id(sched, node)
+        node_id = backend_ids[id(node)]
+        if node_id == 0:
+            continue                   # on the highest-priority backend already
         srcs = [s for s in node.src if s is not None]
         if node_id == -1:
             best = -1
@@ -162,12 +175,12 @@ def _pass3_upgrade(sched, graph):
 def _pass4_srcs(sched, graph):
     """Pass 4: views follow their source, unassigned srcs their consumer; every node
     ends assigned."""
+    backend_ids = sched.hv_tensor_backend_ids       # the graph's nodes are in it
     for node in graph.nodes:
-        if node.view_src is not None and sched_tensor_backend_id(sched, node) == -1:
-            sched_set_tensor_backend_id(sched, node,
-                                        sched_tensor_backend_id(sched, node.view_src),
-                                        "4.vsrc")
-        cur = sched_tensor_backend_id(sched, node)
+        cur = backend_ids[id(node)]
+        if cur == -1 and node.view_src is not None:
+            cur = sched_tensor_backend_id(sched, node.view_src)
+            sched_set_tensor_backend_id(sched, node, cur, "4.vsrc")
         for src in node.src:
             if src is None or sched_tensor_backend_id(sched, src) != -1:
                 continue
@@ -177,11 +190,12 @@ def _pass4_srcs(sched, graph):
                 )
             else:
                 sched_set_tensor_backend_id(sched, src, cur, "4.cur")
-        for b in range(sched.n_backends):
-            if sched_tensor_backend_id(sched, node) != -1:
-                break
-            _set_if_supported(sched, node, b)
-        if sched_tensor_backend_id(sched, node) == -1:
+        if cur == -1:       # still none: the first backend that supports it
+            cur = next((b for b, backend in enumerate(sched.backends)
+                        if backend_supports_op(backend, node)), -1)
+            if cur != -1:
+                sched_set_tensor_backend_id(sched, node, cur, "2.sup")
+        if cur == -1:
             srcs = ", ".join(
                 f"{s.name} ({op_desc(s)})" for s in node.src if s is not None
             )
@@ -224,7 +238,7 @@ def _make_copies(sched, src, backend_id, original_as_current):
 def _needs_new_split(sched, node, split, cur):
     """Same backend, but a weight of an incompatible backend, or the input list is full.
     """
-    if split.n_inputs == 0:
+    if not split.inputs:
         return False
     for src in node.src:
         if src is None:
@@ -247,16 +261,17 @@ def _needs_new_split(sched, node, split, cur):
 def _pass5_splits(sched, graph):
     """Pass 5: cut the node array where the backend changes; copy the srcs a split
     cannot use into its backend, rewriting node.src[j] to the copy (cur_copy)."""
-    first = next((n for n in graph.nodes if not is_view_op(n.op)), None)
+    first = next((n for n in graph.nodes if n.op not in _VIEW_OPS), None)
     split = BackendSchedSplit(
         sched_tensor_backend_id(sched, first) if first is not None else 0, 0
     )
     sched.splits = [split]
     cur = split.backend_id
+    backend_ids = sched.hv_tensor_backend_ids       # the graph's nodes are in it
     for i, node in enumerate(graph.nodes):
-        if is_view_op(node.op):
+        if node.op in _VIEW_OPS:
             continue
-        node_id = sched_tensor_backend_id(sched, node)
+        node_id = backend_ids[id(node)]
         if node_id != cur or _needs_new_split(sched, node, split, cur):
             split.i_end = i
             split = BackendSchedSplit(node_id, i)
@@ -266,7 +281,7 @@ def _pass5_splits(sched, graph):
             if src is None:
                 continue
             src_id = sched_tensor_backend_id(sched, src)
-            if src.flags & TensorFlag.INPUT and sched.n_copies > 1:
+            if sched.n_copies > 1 and int(src.flags) & _FLAG_INPUT:
                 if sched_tensor_copy(sched, src, src_id, 0) is None:
                     _make_copies(sched, src, src_id, original_as_current=True)
                     if len(sched.graph_inputs) >= SCHED_MAX_SPLIT_INPUTS:
@@ -304,6 +319,7 @@ def _build_graph_copy(sched, graph):
                   + sched.n_splits * SCHED_MAX_SPLIT_INPUTS * 2 * sched.n_copies)
     copy = CGraph(max(graph_size, sched.graph.size))
     node_ids, leaf_ids = [], []
+    backend_ids = sched.hv_tensor_backend_ids  # the graph's nodes and leafs are in it
     for split in sched.splits:
         split.graph = graph_view(graph, split.i_start, split.i_end)
         backend_graph_optimize(sched.backends[split.backend_id], split.graph)
@@ -313,9 +329,8 @@ def _build_graph_copy(sched, graph):
             input_dep.src[0] = inp
             copy.nodes += [input_dep, input_cpy]
             node_ids += [sched_tensor_backend_id(sched, inp), split.backend_id]
-        for node in split.graph.nodes:
-            copy.nodes.append(node)
-            node_ids.append(sched_tensor_backend_id(sched, node))
+        copy.nodes += split.graph.nodes
+        node_ids += [backend_ids[id(node)] for node in split.graph.nodes]
     if sched.n_copies > 1:
         for inp in sched.graph_inputs:
             backend_id = sched_tensor_backend_id(sched, inp)
@@ -328,9 +343,8 @@ def _build_graph_copy(sched, graph):
                     copy.leafs.append(sched_tensor_copy(sched, inp, split.backend_id,
                                                         c))
                     leaf_ids.append(split.backend_id)
-    for leaf in graph.leafs:
-        copy.leafs.append(leaf)
-        leaf_ids.append(sched_tensor_backend_id(sched, leaf))
+    copy.leafs += graph.leafs
+    leaf_ids += [backend_ids[id(leaf)] for leaf in graph.leafs]
     sched.prev_node_backend_ids, sched.node_backend_ids = (
         sched.node_backend_ids,
         node_ids,
@@ -375,6 +389,8 @@ def backend_sched_split_graph(sched, graph):
 
 # %% book/09_sched.ipynb #sched-split-graph-667504c7
 def _check_not_split_before(sched, graph):
+    if not sched.last_copies:
+        return                         # the last split made no copies
     for node in graph.nodes:
         for j, src in enumerate(node.src):
             if (

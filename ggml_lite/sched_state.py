@@ -168,7 +168,7 @@ def backend_sched_reset(sched):
 # %% book/09_sched.ipynb #sched-hash
 def _hash_id(sched, t):
     """ggml_hash_find_or_insert: t's key in the sched's hash set (None is a key too, as
-    NULL is)."""
+    NULL is); a new key's backend id is -1."""
     key = id(t) if t is not None else 0
     if key not in sched.hash_keys:
         if len(sched.hash_keys) >= sched.hash_size:
@@ -178,15 +178,24 @@ def _hash_id(sched, t):
                             f"'{getattr(t, 'name', None)}': "
                             f"make the scheduler with a larger graph_size")
         sched.hash_keys[key] = t
+        sched.hv_tensor_backend_ids[key] = -1
     return key
 
 
 def sched_tensor_backend_id(sched, t):
-    return sched.hv_tensor_backend_ids.get(_hash_id(sched, t), -1)
+    """tensor_backend_id: t's backend id, -1 for none; t joins the hash set."""
+    # the keys of hv_tensor_backend_ids are those of the hash set: one lookup
+    backend_id = sched.hv_tensor_backend_ids.get(id(t) if t is not None else 0)
+    if backend_id is None:
+        _hash_id(sched, t)                 # t joins the set (or it is full)
+        return -1
+    return backend_id
 
 
 def sched_set_tensor_backend_id(sched, t, backend_id, cause):
-    key = _hash_id(sched, t)
+    key = id(t) if t is not None else 0
+    if key not in sched.hv_tensor_backend_ids:
+        _hash_id(sched, t)
     sched.hv_tensor_backend_ids[key] = backend_id
     sched.causes[key] = cause
 

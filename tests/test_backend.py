@@ -1228,3 +1228,25 @@ def test_tallocr_and_alloc_ctx_refuse_tensors_that_are_gone():
     with pytest.raises(GGMLError, match="tallocr_alloc: .*is gone"):
         ggml.tallocr_alloc(talloc, t)
     assert talloc.offset == 0
+
+
+def test_buft_get_alloc_size_default_and_override():
+    """nbytes unless the buffer type overrides get_alloc_size; an override's answer is
+    used, and one below nbytes is refused with the numbers."""
+    ctx = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)
+    t = ggml.new_tensor_2d(ctx, Type.F32, 5, 3)
+    cpu = ggml.backend_cpu_buffer_type()
+    assert ggml.backend_buft_get_alloc_size(cpu, t) == ggml.nbytes(t) == 60
+
+    class Padded(type(cpu)):
+        def __init__(self, pad):
+            super().__init__("PADDED")
+            self.pad = pad
+
+        def get_alloc_size(self, tensor):
+            return ggml.nbytes(tensor) + self.pad
+
+    assert ggml.backend_buft_get_alloc_size(Padded(64), t) == 124
+    with pytest.raises(GGMLError, match="PADDED says 56 bytes for '.*', less than its "
+                                        "nbytes 60"):
+        ggml.backend_buft_get_alloc_size(Padded(-4), t)
