@@ -12,7 +12,8 @@ from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.simd import (
-    Vec, mul_sum_i8_pairs, vfloat, vload, vsum, vzero)
+    Vec, mul_sum_i8_pairs, vfloat, vload, vget, vload_f32, vstore_f32, vsum,
+    vzero)
 from ggml_lite.types import Type
 
 # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
@@ -255,41 +256,74 @@ Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_sum(A, ao, B, bo):
+    """The 32 int8 codes at A[ao] times those at B[bo], summed in fours: Vec(float32 x 8)
+    (ggml's mul_sum_i8_pairs_float)."""
+    return vfloat(mul_sum_i8_pairs(vload(A, ao, 32), vload(B, bo, 32)))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _q0_dot(A, ao, B, bo, c):
-    """One block of one output: c + (the 32 int8 products summed in fours) * dA * dB, as
-    ggml_vec_dot_q8_0_q8_0 and tinyBLAS_Q0_AVX both add it (one fused multiply-add per
-    lane)."""
-    sumi = mul_sum_i8_pairs(vload(A, ao + 2, 32), vload(B, bo + 2, 32))
-    return c + vfloat(sumi) * (V.fp16_at(A, ao) * V.fp16_at(B, bo))
+    """One block of one output: c + _q0_sum * dA * dB, as ggml_vec_dot_q8_0_q8_0 and
+    tinyBLAS_Q0_AVX both add it (one fused multiply-add per lane)."""
+    return c + _q0_sum(A, ao + 2, B, bo + 2) * (V.fp16_at(A, ao) * V.fp16_at(B, bo))
+
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-scales
+@njit(cache=True, nogil=True, error_model="numpy")
+def q0_row_scales(X, ld, rows, k):
+    """The scales of the k blocks of each of X's rows, as float32: [rows * k]."""
+    d = np.empty(rows * k, np.float32)
+    for j in range(rows):
+        for l in range(k):
+            d[j * k + l] = V.fp16_at(X, ld * j + Q8_0_BYTES * l)
+    return d
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def q0_scale_products(A, lda, ii, new_rows, dA4, dB, j0, j1, k, P):
+    """The products of scales of a 4 x 2 tile, block by block: P[8l + i] = dA(ii+i, l) *
+    dB(j0, l) and P[8l + 4 + i] = dA(ii+i, l) * dB(j1, l), what gemm4xN multiplies with
+    _mm_mul_ps(da, db) inside its loop. dA4 holds the four rows' scales side by side,
+    read again from A only for new rows; dB is q0_row_scales of B."""
+    if new_rows:
+        for l in range(k):
+            for i in range(4):
+                dA4[4 * l + i] = V.fp16_at(A, lda * (ii + i) + Q8_0_BYTES * l)
+    for l in range(k):      # (vector loads: no check of the indexes' sign in the loop)
+        d4 = vload_f32(dA4, 4 * l, 4)
+        vstore_f32(P, 8 * l, d4 * vget(vload_f32(dB, j0 * k + l, 1), 0))
+        vstore_f32(P, 8 * l + 4, d4 * vget(vload_f32(dB, j1 * k + l, 1), 0))
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-tile
-@njit(cache=True, nogil=True, error_model="numpy")
-def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn):
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
     """tinyBLAS_Q0_AVX's tile of rm x rn outputs C[ldc*(jj+j) + ii+i], A's rows ii.. by
     B's rows jj.. (lda, ldb: row strides in bytes; k blocks). The 4 x 2 and 4 x 1 tiles
     (gemm4xN) load a block of A once for both columns and a block of B once for four
-    rows; the other tiles, at the edges, go output by output. Every output is
-    ggml_vec_dot_q8_0_q8_0's: the same bits whatever the tile."""
+    rows, and read each block's product of scales from P (q0_scale_products); the other
+    tiles, at the edges, go output by output. Every output is ggml_vec_dot_q8_0_q8_0's:
+    the same bits whatever the tile."""
     if rm == 4 and rn <= 2:
         j1 = jj + rn - 1                        # a 4 x 1 tile computes its column twice
         z = vzero(np.float32, 8)
         c00, c01, c02, c03 = z, z, z, z
         c10, c11, c12, c13 = z, z, z, z
-        a0, a1, a2, a3 = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
-        b0, b1 = ldb * jj, ldb * j1
+        # the codes of each row's blocks (after the scale)
+        a0, a1 = lda * ii + 2, lda * (ii + 1) + 2
+        a2, a3 = lda * (ii + 2) + 2, lda * (ii + 3) + 2
+        b0, b1 = ldb * jj + 2, ldb * j1 + 2
         # row by row, both columns of a row together: a row's bytes are dead after
-        # its two products, so most sums stay in registers (column by column, LLVM
-        # kept four rows live and moved all eight sums through the stack at every
-        # block: 9 % slower)
-        for l in range(0, k * Q8_0_BYTES, Q8_0_BYTES):
-            c00 = _q0_dot(A, a0 + l, B, b0 + l, c00)
-            c10 = _q0_dot(A, a0 + l, B, b1 + l, c10)
-            c01 = _q0_dot(A, a1 + l, B, b0 + l, c01)
-            c11 = _q0_dot(A, a1 + l, B, b1 + l, c11)
-            c02 = _q0_dot(A, a2 + l, B, b0 + l, c02)
-            c12 = _q0_dot(A, a2 + l, B, b1 + l, c12)
-            c03 = _q0_dot(A, a3 + l, B, b0 + l, c03)
-            c13 = _q0_dot(A, a3 + l, B, b1 + l, c13)
+        # its two products, so the eight sums stay in registers
+        for l in range(k):
+            o, p = Q8_0_BYTES * l, 8 * l
+            c00 += _q0_sum(A, a0 + o, B, b0 + o) * P[p]
+            c10 += _q0_sum(A, a0 + o, B, b1 + o) * P[p + 4]
+            c01 += _q0_sum(A, a1 + o, B, b0 + o) * P[p + 1]
+            c11 += _q0_sum(A, a1 + o, B, b1 + o) * P[p + 5]
+            c02 += _q0_sum(A, a2 + o, B, b0 + o) * P[p + 2]
+            c12 += _q0_sum(A, a2 + o, B, b1 + o) * P[p + 6]
+            c03 += _q0_sum(A, a3 + o, B, b0 + o) * P[p + 3]
+            c13 += _q0_sum(A, a3 + o, B, b1 + o) * P[p + 7]
         o = ldc * jj + ii
         C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c00), vsum(c01), vsum(c02), vsum(c03)
         o = ldc * j1 + ii
@@ -316,7 +350,11 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
     """tinyBLAS_Q0_AVX::matmul(m, n) for thread ith of nth (lda, ldb in bytes): mnpack
     takes the widest tile that fits what is left, gives each thread an equal run of
     those tiles (no counter, no barrier), then packs the rows and the columns left over
-    the same way. ggml recurses; here a stack of regions, popped in ggml's order."""
+    the same way. ggml recurses; here a stack of regions, popped in ggml's order. B's
+    scales are read once, a 4 x 2 tile's products of scales once per tile."""
+    dB = q0_row_scales(B, ldb, n, k)
+    dA4, P = np.empty(4 * k, np.float32), np.empty(8 * k, np.float32)
+    rows = -1                                   # the rows whose scales dA4 holds
     stack = np.empty((32, 4), np.int64)
     stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = 0, m, 0, n
     top = 1
@@ -330,7 +368,10 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         duty = (ytiles * xtiles + nth - 1) // nth
         for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
             ii, jj = m0 + job // xtiles * mc, n0 + job % xtiles * nc
-            q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, mc, nc)
+            if mc == 4 and nc <= 2:
+                q0_scale_products(A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1, k, P)
+                rows = ii
+            q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, mc, nc, P)
         mp, np_ = m0 + ytiles * mc, n0 + xtiles * nc
         # what is left, two regions: the second pushed (rows mp..m1) is popped first
         stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = m0, m1, np_, n1

@@ -442,7 +442,7 @@ def half_bits(typingctx, f):
         return builder.bitcast(builder.fptrunc(x, ir.HalfType()), ir.IntType(16))
     return types.uint16(f), codegen
 
-# %% book/92_making_python_fast.ipynb #kern-simd-q8
+# %% book/92_making_python_fast.ipynb #kern-simd-f32
 @intrinsic
 def vload_f32(typingctx, a, i, n):
     """The n float32 a[i], ..., a[i+n-1] (side by side in memory) as Vec(float32 x n), n
@@ -458,6 +458,20 @@ def vload_f32(typingctx, a, i, n):
     return rt(a, i, n), codegen
 
 
+@intrinsic
+def vstore_f32(typingctx, a, i, v):
+    """Vec(float32 x n) v stored at a[i], ..., a[i+n-1] of a float32 array."""
+    if not (isinstance(a, types.Array) and a.dtype == types.float32
+            and isinstance(v, Vec) and v.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1],
+                                        sig.args[2]), align=4)
+        return context.get_dummy_value()
+    return types.none(a, i, v), codegen
+
+# %% book/92_making_python_fast.ipynb #kern-simd-q8
 @intrinsic
 def vrint(typingctx, v):
     """Each float32 lane to the nearest whole number, halves to even."""
