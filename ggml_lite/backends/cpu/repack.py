@@ -16,7 +16,7 @@ from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vdot, vfloat,
                                          vload, vload_f16, vmaddubs, vpairs, vsplat2,
-                                         vzero)
+                                         vstore_f32, vzero)
 from ggml_lite.backends.cpu.table import CpuKernel
 from ggml_lite.backends.cpu.vec import fp16_at
 from ggml_lite.core import GGMLError, Status, require
@@ -108,21 +108,6 @@ def _vdot4_acc(typingctx, acc, a, b):
                                           builder.add(quads[2], quads[3])))
     return acc(acc, a, b), codegen
 
-
-@intrinsic
-def _vstore(typingctx, out, i, v):
-    """out[i:i+n] = the n float32 lanes of v (one unaligned store)."""
-    if not (isinstance(out, types.Array) and out.dtype == types.float32
-            and isinstance(v, Vec) and v.dtype == types.float32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1],
-                            args[2].type.as_pointer())
-        builder.store(args[2], ptr, align=4)
-        return context.get_dummy_value()
-    return types.none(out, i, v), codegen
-
 # %% book/07c_backend_devices.ipynb #repack-row8
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _row8(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, y, yo, ysum):
@@ -206,7 +191,7 @@ def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
                 a6 += _acc1(q, y, yo + 6 * rs, ys[k + 6, b], dw)
                 a7 += _acc1(q, y, yo + 7 * rs, ys[k + 7, b], dw)
             for r, acc in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
-                _vstore(out[j + r], 8 * g, acc)
+                vstore_f32(out[j + r], 8 * g, acc)
             j += 8
         while j + 4 <= j1:
             a0 = a1 = a2 = a3 = z
@@ -218,7 +203,7 @@ def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
                 a2 += _acc1(q, y, yo + 2 * rs, ys[k + 2, b], dw)
                 a3 += _acc1(q, y, yo + 3 * rs, ys[k + 3, b], dw)
             for r, acc in enumerate((a0, a1, a2, a3)):
-                _vstore(out[j + r], 8 * g, acc)
+                vstore_f32(out[j + r], 8 * g, acc)
             j += 4
         while j < j1:                                   # the gemv: one activation row
             acc = z
@@ -226,7 +211,7 @@ def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
                 o, yo = g * gs + b * BLOCK_Q4_0X8, j * rs + b * 34
                 dw = vload_f16(xh, o // 2, 8)
                 acc += _acc1(_unpack(x, o), y, yo, ys[j - j0, b], dw)
-            _vstore(out[j], 8 * g, acc)
+            vstore_f32(out[j], 8 * g, acc)
             j += 1
 
 # %% book/07c_backend_devices.ipynb #5e0c7a91d2
