@@ -190,11 +190,11 @@ def _pass4_srcs(sched, graph):
                 )
             else:
                 sched_set_tensor_backend_id(sched, src, cur, "4.cur")
-        if cur == -1:       # still none: the first backend that supports it
-            cur = next((b for b, backend in enumerate(sched.backends)
-                        if backend_supports_op(backend, node)), -1)
+        for b in range(sched.n_backends):     # still none: the first that supports it
             if cur != -1:
-                sched_set_tensor_backend_id(sched, node, cur, "2.sup")
+                break
+            _set_if_supported(sched, node, b)
+            cur = backend_ids[id(node)]
         if cur == -1:
             srcs = ", ".join(
                 f"{s.name} ({op_desc(s)})" for s in node.src if s is not None

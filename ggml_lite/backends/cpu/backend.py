@@ -12,12 +12,12 @@ from ggml_lite.backend import (Backend, BackendDevType, backend_buft_is_host,
                                guid_matches)
 from ggml_lite.backends.cpu.compute import (DEFAULT_N_THREADS, graph_compute, graph_plan,
                                             graph_prepared, graph_share_prepared)
-from ggml_lite.tensor import TensorFlag
 from ggml_lite.backends.cpu.table import cpu_supports_op, op_is_empty
 from ggml_lite.backends.cpu.repack import backend_cpu_repack_buffer_type
 from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.host import HostDevice, SingleDeviceReg
 from ggml_lite.core import require
+from ggml_lite.tensor import TensorFlag
 
 _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a,
                    0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
@@ -31,7 +31,7 @@ def _content(t):
     buffer type it lives in (which may pick the kernel: CPU_REPACK below)."""
     if t is None:
         return None
-    buffer = (t.view_src or t).buffer
+    buffer = tensor_buffer(t)
     return (t.type, t.data, *t.ne, *t.nb, None if buffer is None else buffer.buft)
 
 
