@@ -11,19 +11,25 @@ from typing import Callable, Optional
 import numpy as np
 
 from ggml_lite.core import GGMLError, require
-from ggml_lite.quants import K_SCALE_SIZE, QK4_0, QK4_1, QK8_0, QK8_1, QK_K
+from ggml_lite.quants import (K_SCALE_SIZE, QK4_0, QK4_1, QK5_0, QK5_1, QK8_0, QK8_1,
+                              QK_K)
 
 class Type(enum.IntEnum):
     """ggml's `enum ggml_type`: the numeric ids are ggml's (they are written into GGUF
-    files). Ids ggml has but this book does not implement yet (Q5_0=6, Q2_K=10, IQ*,
-    ...) are left out."""
+    files). Ids ggml has but this book does not implement (Q4_2=4 and Q4_3=5, removed
+    from ggml; the IQ* types, ...) are left out."""
     F32 = 0
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
     Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
     Q4_K = 12
+    Q5_K = 13
     Q6_K = 14
     Q8_K = 15
     I8 = 24
@@ -39,9 +45,14 @@ _LAYOUT = {
     Type.F16: ("f16", 1, 2, False),
     Type.Q4_0: ("q4_0", QK4_0, 2 + QK4_0 // 2, True),
     Type.Q4_1: ("q4_1", QK4_1, 2 + 2 + QK4_1 // 2, True),
+    Type.Q5_0: ("q5_0", QK5_0, 2 + 4 + QK5_0 // 2, True),
+    Type.Q5_1: ("q5_1", QK5_1, 2 + 2 + 4 + QK5_1 // 2, True),
     Type.Q8_0: ("q8_0", QK8_0, 2 + QK8_0, True),
     Type.Q8_1: ("q8_1", QK8_1, 2 + 2 + QK8_1, True),
+    Type.Q2_K: ("q2_K", QK_K, QK_K // 16 + QK_K // 4 + 2 + 2, True),
+    Type.Q3_K: ("q3_K", QK_K, QK_K // 8 + QK_K // 4 + 12 + 2, True),
     Type.Q4_K: ("q4_K", QK_K, 2 + 2 + K_SCALE_SIZE + QK_K // 2, True),
+    Type.Q5_K: ("q5_K", QK_K, 2 + 2 + K_SCALE_SIZE + QK_K // 8 + QK_K // 2, True),
     Type.Q6_K: ("q6_K", QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2, True),
     Type.Q8_K: ("q8_K", QK_K, 4 + QK_K + 2 * (QK_K // 16), True),
     Type.I8: ("i8", 1, 1, False),
