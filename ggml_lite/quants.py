@@ -249,13 +249,11 @@ def dequantize_row_q8_K(x, y):
 # %% book/01_types.ipynb #types-q4k
 @njit(cache=True, nogil=True, error_model="numpy")
 def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep, use_mad):
-    """ggml's make_qkx2_quants for x[o:o+n] with weights w = av_x + |x| (Q4_K, Q5_K;
-    Q2_K passes av_x = 0): fit x ~ scale*L - the_min, codes L in 0..nmax. The
-    candidates: the min-max grid, then nstep+1 weighted least-squares fits (Q4_K passes
-    nstep=20: 22 candidates); the smallest weighted error (squared, or absolute with
+    """ggml's make_qkx2_quants for x[o:o+n], weights w = av_x + |x| (Q2_K: av_x = 0):
+    fit x ~ scale*L - the_min, L in 0..nmax. Candidates: the min-max grid, then nstep+1
+    weighted least-squares fits; the smallest weighted error (squared, or absolute with
     use_mad) wins. Returns (scale, the_min, iscale, xmin): the codes are
-    L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or all 0 when iscale is 0
-    (ggml keeps L itself in a scratch array)."""
+    L = clamp(nearest_int(iscale*(x - xmin)), 0, nmax), or 0 when iscale is 0."""
     fmax = np.float32(nmax)
     xmin, xmax = x[o], x[o]
     sum_w = av_x + abs(x[o])
@@ -278,7 +276,8 @@ def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep, use_mad):
     for i in range(o, o + n):
         q = np.float32(max(0, min(nmax, nearest_int(iscale * (x[i] - xmin)))))
         diff = scale * q + xmin - x[i]
-        best_error += (av_x + abs(x[i])) * (abs(diff) if use_mad else diff * diff)
+        err = abs(diff) if use_mad else diff * diff
+        best_error += (av_x + abs(x[i])) * err
     best_iscale, best_min = iscale, xmin
     for step in range(nstep + 1):
         iscale = (rmin + rdelta * np.float32(step) + fmax) / (xmax - xmin)
@@ -300,7 +299,8 @@ def make_qkx2_quants(x, o, n, nmax, av_x, rmin, rdelta, nstep, use_mad):
             for i in range(o, o + n):
                 q = np.float32(max(0, min(nmax, nearest_int(iscale * (x[i] - xmin)))))
                 diff = this_scale * q + this_min - x[i]
-                cur_error += (av_x + abs(x[i])) * (abs(diff) if use_mad else diff * diff)
+                err = abs(diff) if use_mad else diff * diff
+                cur_error += (av_x + abs(x[i])) * err
             if cur_error < best_error:
                 best_error = cur_error
                 scale = this_scale

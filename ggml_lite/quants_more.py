@@ -110,16 +110,17 @@ def dequantize_row_q5_1(x, y):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _q2_K_sub_fit(x, o):
     """Q2_K's call of make_qkx2_quants for the 16 values at x[o]: weights |x|, absolute
-    errors, 17 trial scales from rmin = -0.5."""
+    errors, 16 trial scales from rmin = -0.5."""
     return make_qkx2_quants(x, o, 16, 3, _F0, np.float32(-0.5), np.float32(0.1), 15,
                             True)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _q2_K_pos(e):
-    """(byte in qs, shift) of the 2-bit code of element e: four 32-element rows of a
-    128-element half share each byte (Q2_K and Q3_K)."""
-    return 32 * (e // 128) + e % 32, 2 * ((e % 128) // 32)
+def _q2_K_at(j):
+    """Where sub-block j (of 16) keeps its 2-bit codes, in Q2_K and Q3_K: its 16 codes
+    are the bits 2s..2s+1 of 16 consecutive bytes of qs, from this offset. A byte holds
+    the codes of elements l, l+32, l+64, l+96 of one half of the super-block."""
+    return 32 * (j // 8) + 16 * (j % 2), 2 * ((j % 8) // 2)
 
 # %% book/01_types.ipynb #q2k-row
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -155,10 +156,10 @@ def quantize_row_q2_K_ref(x, y):
             isc, xmin = _F0, _F0
             if dd == _F0:                      # ggml keeps the first fit's codes
                 _, _, isc, xmin = _q2_K_sub_fit(x, o + 16 * j)
+            at, s = _q2_K_at(j)
             for l in range(16):
                 q = affine_code_k(x[o + 16 * j + l], dd, dm, isc, xmin, 3)
-                k, s = _q2_K_pos(16 * j + l)
-                y[b + 16 + k] = np.int64(y[b + 16 + k]) | (q << s)
+                y[b + 16 + at + l] = np.int64(y[b + 16 + at + l]) | (q << s)
 
 # %% book/01_types.ipynb #q2k-deq
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -170,9 +171,9 @@ def dequantize_row_q2_K(x, y):
         for j in range(16):
             sc = np.int64(x[b + j])
             dl, ml = d * np.float32(sc & 0xF), dmin * np.float32(sc >> 4)
+            at, s = _q2_K_at(j)
             for l in range(16):
-                k, s = _q2_K_pos(16 * j + l)
-                q = (np.int64(x[b + 16 + k]) >> s) & 3
+                q = (np.int64(x[b + 16 + at + l]) >> s) & 3
                 y[o + 16 * j + l] = dl * np.float32(q) - ml
 
 # %% book/01_types.ipynb #q3k-fit
@@ -258,16 +259,15 @@ def quantize_row_q3_K_ref(x, y):
             codes = np.int64(0)
             if dd == _F0:                      # ggml keeps make_q3_quants' codes
                 codes = make_q3_quants(x, o + 16 * j, 16, 4)[1]
+            at, s = _q2_K_at(j)
             for l in range(16):
-                e = 16 * j + l
                 if dd != _F0:
-                    q = max(-4, min(3, nearest_int(x[o + e] / dd))) + 4
+                    q = max(-4, min(3, nearest_int(x[o + 16 * j + l] / dd))) + 4
                 else:
                     q = (codes >> (4 * l)) & 0xF
-                if q > 3:                    # the high bit: bit e // 32 of hmask[e % 32]
-                    y[b + e % 32] = np.int64(y[b + e % 32]) | (1 << (e // 32))
-                k, s = _q2_K_pos(e)
-                y[b + 32 + k] = np.int64(y[b + 32 + k]) | ((q & 3) << s)
+                h = b + 16 * (j % 2) + l      # the high bit: bit j // 2 of hmask[h]
+                y[h] = np.int64(y[h]) | ((q >> 2) << (j // 2))
+                y[b + 32 + at + l] = np.int64(y[b + 32 + at + l]) | ((q & 3) << s)
 
 # %% book/01_types.ipynb #q3k-deq
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -278,13 +278,12 @@ def dequantize_row_q3_K(x, y):
         d = get_f16(x, b + 108)
         for j in range(16):
             dl = d * np.float32(q3_K_scale(x, b + 96, j))
+            at, s = _q2_K_at(j)
             for l in range(16):
-                e = 16 * j + l
-                k, s = _q2_K_pos(e)
-                q = (np.int64(x[b + 32 + k]) >> s) & 3
-                if not (np.int64(x[b + e % 32]) >> (e // 32)) & 1:
+                q = (np.int64(x[b + 32 + at + l]) >> s) & 3
+                if not (np.int64(x[b + 16 * (j % 2) + l]) >> (j // 2)) & 1:
                     q -= 4
-                y[o + e] = dl * np.float32(q)
+                y[o + 16 * j + l] = dl * np.float32(q)
 
 # %% book/01_types.ipynb #q5k
 @njit(cache=True, nogil=True, error_model="numpy")
