@@ -20,9 +20,13 @@ from gguf import quants as gq  # noqa: E402
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "quant_ref.npz"
-QUANTIZED = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K, Type.Q8_K]
-GGUF_QUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.F16, Type.BF16]
-GGUF_DEQUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K, Type.F16, Type.BF16]
+QUANTIZED = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1, Type.Q2_K,
+             Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K]
+NEW_TYPES = [Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K]
+K_QUANTS = [Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K]
+GGUF_QUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.F16, Type.BF16]
+GGUF_DEQUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
+                    Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.F16, Type.BF16]
 
 
 def gguf_quantize(x, t):
@@ -70,6 +74,7 @@ def test_type_ids_are_ggmls():
         assert int(t) == int(GT[t.name]), t
     assert [int(Type[n]) for n in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q8_1", "Q4_K", "Q6_K", "Q8_K",
                                    "I8", "I16", "I32", "BF16")] == [0, 1, 2, 3, 8, 9, 12, 14, 15, 24, 25, 26, 30]
+    assert [int(Type[n]) for n in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")] == [6, 7, 10, 11, 13]
 
 
 def test_sizes_match_gguf():
@@ -83,11 +88,19 @@ def test_sizes_match_gguf():
     assert [ggml.type_name(t) for t in (Type.F32, Type.Q4_K, Type.BF16)] == ["f32", "q4_K", "bf16"]
     assert ggml.row_size(Type.Q4_0, 4096) == 2304 and ggml.row_size(Type.Q6_K, 512) == 420
     assert ggml.row_size(Type.F16, 3) == 6
+    # ggml-common.h's static_asserts: the five block sizes, and bits per weight
+    sizes = {Type.Q5_0: (32, 22), Type.Q5_1: (32, 24), Type.Q2_K: (256, 84),
+             Type.Q3_K: (256, 110), Type.Q5_K: (256, 176)}
+    assert {t: (ggml.blck_size(t), ggml.type_size(t)) for t in sizes} == sizes
+    assert [8 * ggml.type_size(t) / ggml.blck_size(t) for t in sizes] == [5.5, 6, 2.625, 3.4375, 5.5]
 
 
 def test_vec_dot_pairing():
     want = {Type.Q4_0: Type.Q8_0, Type.Q4_1: Type.Q8_1, Type.Q8_0: Type.Q8_0, Type.Q4_K: Type.Q8_K,
-            Type.Q6_K: Type.Q8_K, Type.F16: Type.F16, Type.BF16: Type.BF16, Type.F32: Type.F32}
+            Type.Q6_K: Type.Q8_K, Type.F16: Type.F16, Type.BF16: Type.BF16, Type.F32: Type.F32,
+            # ggml-cpu.c's type_traits_cpu
+            Type.Q5_0: Type.Q8_0, Type.Q5_1: Type.Q8_1, Type.Q2_K: Type.Q8_K, Type.Q3_K: Type.Q8_K,
+            Type.Q5_K: Type.Q8_K}
     for t, v in want.items():
         assert ggml.get_type_traits(t).vec_dot_type == v
     assert ggml.get_type_traits(Type.Q8_K).vec_dot_type is None
@@ -209,7 +222,7 @@ def test_quantize_matches_gguf_property(seed, nrows, nblocks, log_scale, kind, t
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), nrows=st.integers(1, 3), nblocks=st.integers(1, 3),
        log_scale=st.floats(-30, 30), kind=st.sampled_from(["normal", "ties", "uniform", "offset"]),
-       t=st.sampled_from([Type.Q4_K, Type.Q6_K]))
+       t=st.sampled_from(K_QUANTS))
 def test_k_quants_dequantize_matches_gguf_property(seed, nrows, nblocks, log_scale, kind, t):
     x = make_rows(np.random.default_rng(seed), nrows, 256 * nblocks, 10.0 ** log_scale, kind)
     q = ggml.quantize_chunk(t, x)
@@ -224,6 +237,16 @@ def ref_cases():
         name, kind = key.split("/")
         if name != "x":
             yield pytest.param(name, kind, id=key)
+
+
+def test_fixture_covers_every_quantizer():
+    """Each quantized type has ggml's bytes for every kind of input row, edge rows included."""
+    ref = np.load(DATA)
+    kinds = {k.split("/")[1] for k in ref.files if k.startswith("x/")}
+    assert {"zeros", "constant", "negative_constant", "negative", "one_outlier", "lone_value", "tiny",
+            "near_group_eps", "zero_subblocks"} <= kinds
+    for t in QUANTIZED:
+        assert {f"{ggml.type_name(t)}/{k}" for k in kinds} <= set(ref.files), t.name
 
 
 @pytest.mark.parametrize("name,kind", list(ref_cases()))
@@ -246,21 +269,51 @@ def fp16(b):
     return b.copy().view(np.float16).astype(np.float32).reshape(-1)
 
 
-@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q8_1, Type.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q8_1, Type.Q4_0, Type.Q5_0], ids=lambda t: t.name)
 def test_round_trip_bound_32_blocks(t):
     """|x - x'| <= d/2 + |q|max * r for Q8_0/Q8_1, where r = max(d*2**-11, 2**-25) bounds the fp16
-    rounding of d (the codes use the unrounded d, the values the fp16 one); Q4_0 loses the top
-    level on the side opposite the max: <= |d| + 8*r."""
+    rounding of d (the codes use the unrounded d, the values the fp16 one); Q4_0 and Q5_0 lose the
+    top level on the side opposite the max: <= |d| + 8*r (Q4_0), |d| + 16*r (Q5_0)."""
     rng = np.random.default_rng(7)
+    half = {Type.Q4_0: 8, Type.Q5_0: 16}.get(t)
     for scale in (1e-3, 1.0, 100.0):
         x = make_rows(rng, 16, 1024, scale, "normal")
         xb = x.reshape(-1, 32)
         err = np.abs(xb - ggml.types.dequantize_rows(t, ggml.quantize_chunk(t, x), 1024).reshape(-1, 32))
         amax = np.abs(xb).max(axis=1, keepdims=True)
-        d = amax / 8 if t == Type.Q4_0 else amax / 127
+        d = amax / half if half else amax / 127
         r = np.maximum(d * 2.0**-11, 2.0**-25)
-        bound = d + 8 * r if t == Type.Q4_0 else d / 2 + 127 * r
+        bound = d + half * r if half else d / 2 + 127 * r
         assert (err <= bound * (1 + 1e-6) + 1e-30).all()
+        if half:      # and inside the levels (not beyond (half-1)*d on the far side): half a step
+            inner = np.abs(xb) <= (half - 1) * d
+            assert (err[inner] <= (d / 2 + half * r + 1e-30).repeat(32, axis=1)[inner] * (1 + 1e-6)).all()
+
+
+def test_q5_1_round_trip_bound():
+    """Q5_1: 31 steps over [min, max], so |x - x'| <= d/2 + 31*r_d + r_m, with r_d, r_m the fp16
+    roundings of d and of the min (codes from the unrounded ones)."""
+    x = make_rows(np.random.default_rng(13), 16, 1024, 2.0, "offset")
+    xb = x.reshape(-1, 32).astype(np.float64)
+    got = ggml.types.dequantize_rows(Type.Q5_1, ggml.quantize_chunk(Type.Q5_1, x), 1024).reshape(-1, 32)
+    lo, hi = xb.min(axis=1, keepdims=True), xb.max(axis=1, keepdims=True)
+    d = (hi - lo) / 31
+    r = lambda v: np.maximum(np.abs(v) * 2.0**-11, 2.0**-25)
+    assert (np.abs(xb - got) <= (d / 2 + 31 * r(d) + r(lo)) * (1 + 1e-6)).all()
+
+
+def test_q5_high_bits():
+    """Codes 16..31 set their bit in qh: element j's bit 4 is bit j of the little-endian word."""
+    x = np.concatenate([np.arange(-16, 16), np.arange(15, -17, -1)]).astype(np.float32)[None]
+    for t, off in ((Type.Q5_0, 2), (Type.Q5_1, 4)):
+        b = ggml.quantize_chunk(t, x).reshape(2, -1)
+        qh = b[:, off:off + 4].copy().view(np.uint32)[:, 0]
+        qs = b[:, off + 4:]
+        codes = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int64)
+        codes |= ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int64) << 4
+        want = np.arange(32)                  # Q5_0: d = -16/-16 = 1; Q5_1: min -16, d = 1
+        assert np.array_equal(codes[0], want) and np.array_equal(codes[1], want[::-1]), t.name
+        assert qh[0] == 0xFFFF0000 and qh[1] == 0x0000FFFF, (t.name, hex(qh[0]), hex(qh[1]))
 
 
 def test_q8_1_sum_field():
@@ -284,15 +337,44 @@ def test_q8_K_bound_and_bsums():
     assert (np.abs(qs).max(axis=1)[np.abs(d[:, 0]) > 0] == 127).all()
 
 
-def q4_K_grid(b):
-    """(nblocks, 8, 16) levels d*sc*q - dmin*m of each sub-block, from the stored bytes."""
+def q4_K_grid(b, levels=16):
+    """(nblocks, 8, levels) levels d*sc*q - dmin*m of each sub-block, from the stored bytes (Q5_K:
+    the same header, 32 levels)."""
     d, dmin = fp16(b[:, 0:2])[:, None], fp16(b[:, 2:4])[:, None]
     s = b[:, 4:16].astype(np.int64)
     sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], axis=1)
     m = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
     dd = (d * sc.astype(np.float32)).astype(np.float32)
     dm = (dmin * m.astype(np.float32)).astype(np.float32)
-    return dd[:, :, None] * np.arange(16, dtype=np.float32) - dm[:, :, None], dd
+    return dd[:, :, None] * np.arange(levels, dtype=np.float32) - dm[:, :, None], dd
+
+
+def q5_K_grid(b):
+    return q4_K_grid(b, 32)
+
+
+def q2_K_grid(b):
+    d, dmin = fp16(b[:, 80:82])[:, None], fp16(b[:, 82:84])[:, None]
+    s = b[:, :16].astype(np.int64)
+    dd = (d * (s & 0xF).astype(np.float32)).astype(np.float32)
+    dm = (dmin * (s >> 4).astype(np.float32)).astype(np.float32)
+    return dd[:, :, None] * np.arange(4, dtype=np.float32) - dm[:, :, None], dd
+
+
+def q3_K_scales(b):
+    """The 16 signed 6-bit scales of each block: low nibbles in bytes 0..7 (sub-blocks 0..7 low
+    nibble, 8..15 high), the high 2 bits of sub-block j in byte 8 + j%4 at bit 2*(j//4)."""
+    s = b[:, 96:108].astype(np.int64)
+    lo = np.concatenate([s[:, :8] & 0xF, s[:, :8] >> 4], axis=1)
+    j = np.arange(16)
+    hi = (s[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+def q3_K_grid(b):
+    d = fp16(b[:, 108:110])[:, None]
+    dd = (d * q3_K_scales(b).astype(np.float32)).astype(np.float32)
+    return dd[:, :, None] * np.arange(-4, 4, dtype=np.float32), dd
 
 
 def q6_K_grid(b):
@@ -301,7 +383,11 @@ def q6_K_grid(b):
     return dd[:, :, None] * np.arange(-32, 32, dtype=np.float32), dd
 
 
-@pytest.mark.parametrize("t", [Type.Q4_K, Type.Q6_K], ids=lambda t: t.name)
+GRIDS = {Type.Q2_K: q2_K_grid, Type.Q3_K: q3_K_grid, Type.Q4_K: q4_K_grid, Type.Q5_K: q5_K_grid,
+         Type.Q6_K: q6_K_grid}
+
+
+@pytest.mark.parametrize("t", K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("kind", ["normal", "uniform", "offset", "ties"])
 def test_k_quant_picks_nearest_stored_level(t, kind):
     """The second pass re-quantizes with the *stored* (rounded) scales: every value whose sub-block
@@ -310,7 +396,7 @@ def test_k_quant_picks_nearest_stored_level(t, kind):
     x = make_rows(rng, 6, 1024, 2.0, kind)
     q = ggml.quantize_chunk(t, x)
     b = q.reshape(-1, ggml.type_size(t))
-    grid, dd = q4_K_grid(b) if t == Type.Q4_K else q6_K_grid(b)
+    grid, dd = GRIDS[t](b)
     sub = grid.shape[1]
     xs = x.reshape(len(b), sub, -1)
     got = ggml.types.dequantize_rows(t, q, 1024).reshape(xs.shape)
@@ -324,7 +410,9 @@ def test_k_quant_picks_nearest_stored_level(t, kind):
 
 
 @pytest.mark.parametrize("t,limit", [(Type.Q4_0, 0.090), (Type.Q4_1, 0.082), (Type.Q4_K, 0.075),
-                                     (Type.Q6_K, 0.019), (Type.Q8_0, 0.0058), (Type.Q8_K, 0.0075)],
+                                     (Type.Q6_K, 0.019), (Type.Q8_0, 0.0058), (Type.Q8_K, 0.0075),
+                                     (Type.Q2_K, 0.31), (Type.Q3_K, 0.16), (Type.Q5_0, 0.045),
+                                     (Type.Q5_1, 0.040), (Type.Q5_K, 0.038)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_gaussian_rms_error(t, limit):
     """On N(0,1) weights, the rms error the chapter derives (step/sqrt(12)), with a small margin."""
@@ -349,8 +437,8 @@ def test_bad_inputs_raise_with_numbers():
     with pytest.raises(GGMLError, match=r"2 of 128 are NaN or inf, the first at index \(1, 5\)"):
         ggml.quantize_chunk(Type.Q8_0, y)
     assert np.isnan(ggml.types.dequantize_rows(Type.F16, ggml.quantize_chunk(Type.F16, y), 64)[1, 5])
-    with pytest.raises(GGMLError, match=r"unknown ggml type 7"):
-        ggml.type_size(7)
+    with pytest.raises(GGMLError, match=r"unknown ggml type 4"):   # Q4_2, removed from ggml
+        ggml.type_size(4)
     with pytest.raises(GGMLError, match=r"i32 has no float conversion"):
         ggml.quantize_chunk(Type.I32, x)
     q = ggml.quantize_chunk(Type.Q4_0, x)
@@ -364,6 +452,29 @@ def test_bad_inputs_raise_with_numbers():
         ggml.get_type_traits(Type.Q4_0).to_float(q[0, :20], 64)
     with pytest.raises(GGMLError, match=r"one row"):
         ggml.get_type_traits(Type.Q4_0).from_float(x)
+
+
+@pytest.mark.parametrize("t", NEW_TYPES, ids=lambda t: t.name)
+def test_bad_inputs_new_types(t):
+    bs, name = ggml.blck_size(t), ggml.type_name(t)
+    n = 2 * bs
+    with pytest.raises(GGMLError, match=rf"{n + 16} elements is not a multiple of the {name} block size {bs}"):
+        ggml.quantize_chunk(t, np.zeros((2, n + 16), np.float32))
+    x = np.random.default_rng(14).standard_normal((3, n)).astype(np.float32)
+    x[2, bs + 3] = np.nan
+    with pytest.raises(GGMLError, match=rf"{name} cannot encode non-finite values: 1 of {3 * n} .* \(2, {bs + 3}\)"):
+        ggml.quantize_chunk(t, x)
+    x[2, bs + 3] = -np.inf
+    with pytest.raises(GGMLError, match=r"NaN or inf"):
+        ggml.get_type_traits(t).from_float(x[2])
+    q = ggml.quantize_chunk(t, x[:2])
+    rs = ggml.row_size(t, n)
+    with pytest.raises(GGMLError, match=rf"{n} elements of {name} need {rs} bytes, got {rs - 1}"):
+        ggml.get_type_traits(t).to_float(q[0, :rs - 1], n)
+    with pytest.raises(GGMLError, match=rf"{2 * rs - 1} bytes are not a whole number of rows of {rs} bytes"):
+        ggml.types.dequantize_rows(t, q.reshape(-1)[:2 * rs - 1], n)
+    with pytest.raises(GGMLError, match=r"float64"):
+        ggml.quantize_chunk(t, x[:2].astype(np.float64))
 
 
 # --- the row functions are kernels: nogil, no allocation -------------------------------------
