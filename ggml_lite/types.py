@@ -124,6 +124,13 @@ from ggml_lite.quants import (GROUP_MAX_EPS, dequantize_row_q4_0, dequantize_row
                               quantize_row_q4_1_ref, quantize_row_q4_K_ref,
                               quantize_row_q6_K_ref, quantize_row_q8_0_ref,
                               quantize_row_q8_1_ref, quantize_row_q8_K_ref, roundf)
+# noqa: F401
+from ggml_lite.quants_more import (dequantize_row_q2_K, dequantize_row_q3_K,
+                                   dequantize_row_q5_0, dequantize_row_q5_1,
+                                   dequantize_row_q5_K, make_q3_quants,
+                                   quantize_row_q2_K_ref, quantize_row_q3_K_ref,
+                                   quantize_row_q5_0_ref, quantize_row_q5_1_ref,
+                                   quantize_row_q5_K_ref)
 
 # %% book/01_types.ipynb #types-traits
 # The numba row functions of each type: (from_float row, to_float row). F16/BF16 rows
@@ -133,9 +140,14 @@ _ROWS = {
     Type.BF16: (fp32_to_bf16_row, bf16_to_fp32_row),
     Type.Q4_0: (quantize_row_q4_0_ref, dequantize_row_q4_0),
     Type.Q4_1: (quantize_row_q4_1_ref, dequantize_row_q4_1),
+    Type.Q5_0: (quantize_row_q5_0_ref, dequantize_row_q5_0),
+    Type.Q5_1: (quantize_row_q5_1_ref, dequantize_row_q5_1),
     Type.Q8_0: (quantize_row_q8_0_ref, dequantize_row_q8_0),
     Type.Q8_1: (quantize_row_q8_1_ref, dequantize_row_q8_1),
+    Type.Q2_K: (quantize_row_q2_K_ref, dequantize_row_q2_K),
+    Type.Q3_K: (quantize_row_q3_K_ref, dequantize_row_q3_K),
     Type.Q4_K: (quantize_row_q4_K_ref, dequantize_row_q4_K),
+    Type.Q5_K: (quantize_row_q5_K_ref, dequantize_row_q5_K),
     Type.Q6_K: (quantize_row_q6_K_ref, dequantize_row_q6_K),
     Type.Q8_K: (quantize_row_q8_K_ref, dequantize_row_q8_K),
 }
@@ -144,9 +156,10 @@ _ROWS = {
 # before the dot products of mul_mat with weights of type t.
 _VEC_DOT_TYPE = {
     Type.F32: Type.F32, Type.F16: Type.F16, Type.BF16: Type.BF16,
-    Type.Q4_0: Type.Q8_0, Type.Q4_1: Type.Q8_1, Type.Q8_0: Type.Q8_0,
-                 Type.Q8_1: Type.Q8_1,
-    Type.Q4_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
+    Type.Q4_0: Type.Q8_0, Type.Q4_1: Type.Q8_1, Type.Q5_0: Type.Q8_0,
+    Type.Q5_1: Type.Q8_1, Type.Q8_0: Type.Q8_0, Type.Q8_1: Type.Q8_1,
+    Type.Q2_K: Type.Q8_K, Type.Q3_K: Type.Q8_K, Type.Q4_K: Type.Q8_K,
+    Type.Q5_K: Type.Q8_K, Type.Q6_K: Type.Q8_K,
 }
 
 # %% book/01_types.ipynb #52eb405dd7ea

@@ -20,9 +20,13 @@ from gguf import quants as gq  # noqa: E402
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "quant_ref.npz"
-QUANTIZED = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K, Type.Q8_K]
-GGUF_QUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.F16, Type.BF16]
-GGUF_DEQUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K, Type.F16, Type.BF16]
+QUANTIZED = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1, Type.Q2_K,
+             Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K]
+NEW_TYPES = [Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K]
+K_QUANTS = [Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K]
+GGUF_QUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.F16, Type.BF16]
+GGUF_DEQUANTIZES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
+                    Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.F16, Type.BF16]
 
 
 def gguf_quantize(x, t):
@@ -70,6 +74,7 @@ def test_type_ids_are_ggmls():
         assert int(t) == int(GT[t.name]), t
     assert [int(Type[n]) for n in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q8_1", "Q4_K", "Q6_K", "Q8_K",
                                    "I8", "I16", "I32", "BF16")] == [0, 1, 2, 3, 8, 9, 12, 14, 15, 24, 25, 26, 30]
+    assert [int(Type[n]) for n in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")] == [6, 7, 10, 11, 13]
 
 
 def test_sizes_match_gguf():
@@ -83,11 +88,19 @@ def test_sizes_match_gguf():
     assert [ggml.type_name(t) for t in (Type.F32, Type.Q4_K, Type.BF16)] == ["f32", "q4_K", "bf16"]
     assert ggml.row_size(Type.Q4_0, 4096) == 2304 and ggml.row_size(Type.Q6_K, 512) == 420
     assert ggml.row_size(Type.F16, 3) == 6
+    # ggml-common.h's static_asserts: the five block sizes, and bits per weight
+    sizes = {Type.Q5_0: (32, 22), Type.Q5_1: (32, 24), Type.Q2_K: (256, 84),
+             Type.Q3_K: (256, 110), Type.Q5_K: (256, 176)}
+    assert {t: (ggml.blck_size(t), ggml.type_size(t)) for t in sizes} == sizes
+    assert [8 * ggml.type_size(t) / ggml.blck_size(t) for t in sizes] == [5.5, 6, 2.625, 3.4375, 5.5]
 
 
 def test_vec_dot_pairing():
     want = {Type.Q4_0: Type.Q8_0, Type.Q4_1: Type.Q8_1, Type.Q8_0: Type.Q8_0, Type.Q4_K: Type.Q8_K,
-            Type.Q6_K: Type.Q8_K, Type.F16: Type.F16, Type.BF16: Type.BF16, Type.F32: Type.F32}
+            Type.Q6_K: Type.Q8_K, Type.F16: Type.F16, Type.BF16: Type.BF16, Type.F32: Type.F32,
+            # ggml-cpu.c's type_traits_cpu
+            Type.Q5_0: Type.Q8_0, Type.Q5_1: Type.Q8_1, Type.Q2_K: Type.Q8_K, Type.Q3_K: Type.Q8_K,
+            Type.Q5_K: Type.Q8_K}
     for t, v in want.items():
         assert ggml.get_type_traits(t).vec_dot_type == v
     assert ggml.get_type_traits(Type.Q8_K).vec_dot_type is None
@@ -349,8 +362,8 @@ def test_bad_inputs_raise_with_numbers():
     with pytest.raises(GGMLError, match=r"2 of 128 are NaN or inf, the first at index \(1, 5\)"):
         ggml.quantize_chunk(Type.Q8_0, y)
     assert np.isnan(ggml.types.dequantize_rows(Type.F16, ggml.quantize_chunk(Type.F16, y), 64)[1, 5])
-    with pytest.raises(GGMLError, match=r"unknown ggml type 7"):
-        ggml.type_size(7)
+    with pytest.raises(GGMLError, match=r"unknown ggml type 4"):   # Q4_2, removed from ggml
+        ggml.type_size(4)
     with pytest.raises(GGMLError, match=r"i32 has no float conversion"):
         ggml.quantize_chunk(Type.I32, x)
     q = ggml.quantize_chunk(Type.Q4_0, x)

@@ -1,7 +1,7 @@
 """Fixture generator: run real ggml's reference quantizers on fixed inputs.
 
 Writes tests/data/quant_ref.npz, which tests/test_types.py compares ggml_lite against byte for byte
-(Q4_K, Q6_K, Q8_K, Q8_1 have no quantizer in the `gguf` package). Needs ggml-python (real ggml,
+(Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, Q8_1 have no quantizer in the `gguf` package). Needs ggml-python (real ggml,
 built from source), which the tests themselves do not need:
 
     python -m venv /tmp/ggmlpy && /tmp/ggmlpy/bin/pip install ggml-python numpy
@@ -17,8 +17,10 @@ import numpy as np
 import ggml
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "quant_ref.npz"
-TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 8, "q8_1": 9, "q4_K": 12, "q6_K": 14, "q8_K": 15}
-QK = {"q4_0": 32, "q4_1": 32, "q8_0": 32, "q8_1": 32, "q4_K": 256, "q6_K": 256, "q8_K": 256}
+TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 8, "q8_1": 9, "q4_K": 12, "q6_K": 14, "q8_K": 15,
+         "q5_0": 6, "q5_1": 7, "q2_K": 10, "q3_K": 11, "q5_K": 13}
+QK = {"q4_0": 32, "q4_1": 32, "q8_0": 32, "q8_1": 32, "q4_K": 256, "q6_K": 256, "q8_K": 256,
+      "q5_0": 32, "q5_1": 32, "q2_K": 256, "q3_K": 256, "q5_K": 256}
 
 
 def inputs() -> dict[str, np.ndarray]:
@@ -48,7 +50,27 @@ def inputs() -> dict[str, np.ndarray]:
     z[:, :16] = 0                                            # a zero Q6_K sub-block inside a live block
     z[:, 256:288] = 0                                        # a zero Q4_K sub-block
     rows["zero_subblocks"] = z
+    rows.update(edge_rows(n))
     return {k: v.astype(np.float32) for k, v in rows.items()}
+
+
+def edge_rows(n: int) -> dict[str, np.ndarray]:
+    """More edge cases, from their own generator so that the rows above stay as they were."""
+    rng = np.random.default_rng(20261206)
+    one = rng.standard_normal((4, n))
+    one[np.arange(4), rng.integers(0, n, 4)] = [80.0, -80.0, 1e3, -3e-2]   # one outlier a row
+    lone = np.zeros((4, n))
+    lone[np.arange(4), rng.integers(0, n, 4)] = [1.0, -2.5, 1e-3, 7.0]     # one nonzero a row
+    near_eps = rng.standard_normal((4, n)) * np.array([[1e-16], [2e-15], [1e-14], [1e-12]])
+    return {
+        "one_outlier": one,
+        "lone_value": lone,
+        "near_group_eps": near_eps,                # around GROUP_MAX_EPS = 1e-15
+        "negative_constant": np.full((2, n), -0.75),
+        "tiny_positive": rng.uniform(1e-7, 2e-7, (2, n)),
+        "ramp": np.tile(np.linspace(-3, 5, n), (2, 1)),
+        "sign_alternating": rng.uniform(0.5, 1.5, (4, n)) * np.where(np.arange(n) % 2, 1, -1),
+    }
 
 
 LIB = Path(ggml.__file__).parent / "lib"
