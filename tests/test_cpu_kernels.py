@@ -598,16 +598,18 @@ def test_sum_sum_rows_mean_repeat():
 # --- get_rows and dup -------------------------------------------------------------------------
 
 QTYPES = [Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K]
+NEW_QTYPES = [Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K]      # the dots in qdots.py
 GGUF = {Type.Q4_0: gguf.GGMLQuantizationType.Q4_0, Type.Q4_1: gguf.GGMLQuantizationType.Q4_1,
         Type.Q8_0: gguf.GGMLQuantizationType.Q8_0, Type.Q4_K: gguf.GGMLQuantizationType.Q4_K,
         Type.Q6_K: gguf.GGMLQuantizationType.Q6_K}
+GGUF.update({t: gguf.GGMLQuantizationType[t.name] for t in NEW_QTYPES})
 
 
 def gguf_dequant(t, q, n):
     return gguf.quants.dequantize(q.reshape(-1, row_size(t, n)), GGUF[t]).reshape(q.shape[:-1] + (n,))
 
 
-@pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.BF16] + QTYPES)
+@pytest.mark.parametrize("t", [Type.F32, Type.F16, Type.BF16] + QTYPES + NEW_QTYPES)
 def test_get_rows_every_type(t):
     n = 10 if t in (Type.F32, Type.F16, Type.BF16) else (32 if t in (Type.Q4_0, Type.Q4_1, Type.Q8_0) else 256)
     w = U(n, 5, 3, 1)                                   # test-backend-ops: n=10, m=5, r=3 (b=3 matrices)
@@ -694,7 +696,7 @@ def test_cpu_q8_0_rounds_halves_to_even_as_ggmls_x86():
     assert not np.array_equal(y, quantize_chunk(Type.Q8_0, x.reshape(1, -1)).reshape(-1))
 
 
-@pytest.mark.parametrize("t", QTYPES)
+@pytest.mark.parametrize("t", QTYPES + NEW_QTYPES)
 def test_dup_to_and_from_quantized(t):
     n = 256
     x = U(n, 4, 3, 1)
@@ -1337,3 +1339,154 @@ def test_q8_0_from_float_follows_x86_lanes_on_nan():
         assert np.array_equal(y, want), (j, y, want)
         kept += np.isnan(np.frombuffer(y[:2].tobytes(), np.float16)[0])
     assert 0 < kept < 32                             # both outcomes occur
+# --- the dot products of Q5_0, Q5_1, Q2_K, Q3_K, Q5_K -------------------------------------------
+
+from ggml_lite.backends.cpu import qdots as QD  # noqa: E402
+
+# byte offsets of each block's fp16 fields (d, then m/dmin) and the block size
+_NEW_DOTS = {Type.Q5_0: (QD.vec_dot_q5_0_q8_0, Type.Q8_0, 32, 22, (0,)),
+             Type.Q5_1: (QD.vec_dot_q5_1_q8_1, Type.Q8_1, 32, 24, (0, 2)),
+             Type.Q2_K: (QD.vec_dot_q2_K_q8_K, Type.Q8_K, 256, 84, (80, 82)),
+             Type.Q3_K: (QD.vec_dot_q3_K_q8_K, Type.Q8_K, 256, 110, (108,)),
+             Type.Q5_K: (QD.vec_dot_q5_K_q8_K, Type.Q8_K, 256, 176, (0, 2))}
+
+
+def random_blocks(t, nblocks, rng, scale=1.0):
+    """nblocks of type t with every code, scale and bit drawn at random (all byte patterns), and
+    finite fp16 d (and m/dmin) fields in [-scale, scale]."""
+    _, _, _, size, halves = _NEW_DOTS[t]
+    b = rng.integers(0, 256, (nblocks, size)).astype(np.uint8)
+    for o in halves:
+        b[:, o:o + 2] = rng.uniform(-scale, scale, (nblocks, 1)).astype(F16).view(np.uint8)
+    return b.ravel()
+
+
+def new_dot64(t, n, x, y):
+    """The float64 dot of gguf's dequantized weights (an implementation independent of ggml_lite)
+    and numpy's decoding of the activations; Q5_1's offset m times y's stored s, as ggml."""
+    if t == Type.Q5_1:
+        xb = x.reshape(-1, 24)
+        dx = xb[:, :2].copy().view(F16).astype(np.float64).ravel()
+        mx = xb[:, 2:4].copy().view(F16).astype(np.float64).ravel()
+        qh = xb[:, 4:8].copy().view(np.uint32)
+        hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4
+        qx = (np.concatenate([xb[:, 8:] & 15, xb[:, 8:] >> 4], axis=1) | hi).astype(np.float64)
+        dy, sy, qy = q8_1_parts(y)
+        return float(((qx * qy).sum(1) * dx * dy + mx * sy).sum())
+    xv = gguf.quants.dequantize(x.reshape(1, -1), gguf.GGMLQuantizationType[t.name])
+    yv = q8_0_values(y) if t == Type.Q5_0 else q8_K_values(y)
+    return float(np.dot(xv.astype(np.float64).ravel(), yv))
+
+
+@pytest.mark.parametrize("t", list(_NEW_DOTS))
+@pytest.mark.parametrize("nblocks", [1, 3, 20])
+def test_new_quantized_dots_against_gguf(t, nblocks):
+    """Each new dot on random blocks (every bit pattern of codes, high bits and packed scales)
+    against float64: within 1e-6 of the sum of the products' magnitudes."""
+    dot, vdt, qk, _, _ = _NEW_DOTS[t]
+    rng = np.random.default_rng(500 + nblocks)
+    n = nblocks * qk
+    for scale in (1.0, 1e-3, 50.0):
+        x = random_blocks(t, nblocks, rng, scale)
+        y = quantize_chunk(vdt, U(n))
+        got, ref = float(dot(n, x, y)), new_dot64(t, n, x, y)
+        xv = gguf.quants.dequantize(x.reshape(1, -1), gguf.GGMLQuantizationType[t.name]).ravel()
+        bound = np.abs(xv.astype(np.float64)).sum() * np.abs(U(n)).max() + (
+            0 if t != Type.Q5_1 else np.abs(x.reshape(-1, 24)[:, 2:4].copy().view(F16)).sum())
+        assert abs(got - ref) <= 1e-6 * bound, (got, ref)
+
+
+def _q5_0_block(d, codes):
+    """One block_q5_0 of scale d with the 32 codes 0..31 (stand for code - 16)."""
+    codes = np.asarray(codes, np.uint32)
+    qh = np.array([(((codes >> 4) & 1) << np.arange(32, dtype=np.uint32)).sum()], np.uint32)
+    qs = ((codes[:16] & 15) | ((codes[16:] & 15) << 4)).astype(np.uint8)
+    return np.concatenate([np.array([F16(d)]).view(np.uint8), qh.view(np.uint8), qs])
+
+
+def test_q5_0_hand_built_blocks_and_extremes():
+    q8 = np.arange(-16, 16)
+    y = np.concatenate([np.array([F16(0.25)]).view(np.uint8), q8.astype(np.int8).view(np.uint8)])
+    codes = np.arange(32)
+    assert QD.vec_dot_q5_0_q8_0(32, _q5_0_block(0.5, codes), y) == np.dot(codes - 16, q8) * 0.5 * 0.25
+    # code 0 (-16) against -128 and code 31 (15) against 127, every element
+    lo = _q5_0_block(1.0, np.zeros(32, int))
+    hi = _q5_0_block(1.0, np.full(32, 31))
+    ym = np.concatenate([np.array([F16(1.0)]).view(np.uint8), np.full(32, 0x80, np.uint8)])
+    yp = np.concatenate([np.array([F16(1.0)]).view(np.uint8), np.full(32, 127, np.uint8)])
+    assert QD.vec_dot_q5_0_q8_0(64, np.concatenate([lo, hi]), np.concatenate([ym, yp])) == \
+        32 * 16 * 128 + 32 * 15 * 127
+
+
+def test_q3_K_and_q5_K_extremes_are_exact():
+    # Q3_K: every 6-bit scale 0 (stands for -32), every code 0 with its high bit clear (-4),
+    # every activation -128: each product 32*4*-128, exact
+    x = np.zeros(110, np.uint8)
+    x[108:110] = np.array([F16(1.0)]).view(np.uint8)
+    y = np.zeros(292, np.uint8)
+    y[:4] = np.array([1.0], np.float32).view(np.uint8)
+    y[4:260] = 0x80
+    y[260:] = np.full(16, 16 * -128, np.int16).view(np.uint8)
+    assert QD.vec_dot_q3_K_q8_K(256, x, y) == -(32 * 4 * 128 * 256)
+    # Q5_K: every scale 63, min 0, code 31, activation 127
+    xk = np.zeros(176, np.uint8)
+    xk[:2] = np.array([F16(1.0)]).view(np.uint8)
+    xk[4:16] = [255, 255, 255, 255, 0, 0, 0, 0, 15, 15, 15, 15]
+    xk[16:] = 0xFF
+    yk = np.zeros(292, np.uint8)
+    yk[:4] = np.array([1.0], np.float32).view(np.uint8)
+    yk[4:260] = 127
+    yk[260:] = np.full(16, 16 * 127, np.int16).view(np.uint8)
+    assert QD.vec_dot_q5_K_q8_K(256, xk, yk) == 63 * 31 * 127 * 256
+
+
+TYPES_REF = Path(__file__).parent / "data" / "mulmat_types_ref.npz"      # tests/ggml_ref/mulmat_types_ref.py
+_TYPES_REF_CASES = [(t, k) for t, ks in (("Q5_0", (256, 640)), ("Q5_1", (256, 640)), ("Q2_K", (256, 768)),
+                                          ("Q3_K", (256, 768)), ("Q5_K", (256, 768))) for k in ks]
+
+
+@pytest.mark.parametrize("t,k", _TYPES_REF_CASES)
+def test_new_types_mul_mat_against_ggml(t, k):
+    """ggml 0.15.3's CPU mul_mat of 128 weight rows (quantized by ggml) times 1, 4 and 20 columns
+    (tests/ggml_ref/mulmat_types_ref.py): ggml_lite's with 1 and 2 threads within mul_mat's NMSE
+    limit, and, as the dots keep ggml's AVX2 lanes and float order, equal bit for bit."""
+    d = np.load(TYPES_REF)
+    w, x = d[f"{t}_{k}_w"], d[f"{t}_{k}_x"]
+    for m in (1, 4, 20):
+        ref = d[f"{t}_{k}_out{m}"]
+        for nth in (1, 2):
+            dst = np.full((1, 1, m, w.shape[0]), np.nan, np.float32)
+            V.forward_mul_mat(Type[t], w.reshape(1, 1, *w.shape), x[:m].reshape(1, 1, m, k), dst, nth=nth)
+            assert nmse(dst[0, 0], ref) <= 5e-4
+            assert np.array_equal(dst[0, 0].view(np.uint32), ref.view(np.uint32)), (m, nth, int((dst[0, 0] != ref).sum()))
+
+
+_TYPES_PATHS = """
+import sys, numpy as np
+import ggml_lite.backends.cpu.simd as S
+S.AVX512_VNNI = False
+S.AVX2 = False
+from ggml_lite.types import Type
+from ggml_lite.backends.cpu.vec import forward_mul_mat
+d = np.load(sys.argv[1])
+for key in sys.argv[2:]:
+    t, k = key.rsplit("_", 1)
+    w, x, ref = d[key + "_w"], d[key + "_x"], d[key + "_out20"]
+    dst = np.zeros((1, 1) + ref.shape, np.float32)
+    forward_mul_mat(Type[t], w.reshape(1, 1, *w.shape), x.reshape(1, 1, *x.shape), dst)
+    print(key, int((dst[0, 0] != ref).sum()))
+"""
+
+
+def test_new_types_same_bits_without_avx2(tmp_path):
+    """The new dots compiled afresh without AVX2 (vdot4, vmaddubs and _bits32 in plain IR), in a
+    subprocess: ggml's bits still."""
+    import os
+    import subprocess
+    import sys
+    keys = [f"{t}_{max(ks)}" for t, ks in (("Q5_0", (640,)), ("Q5_1", (640,)), ("Q2_K", (768,)),
+                                            ("Q3_K", (768,)), ("Q5_K", (768,)))]
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _TYPES_PATHS, str(TYPES_REF)] + keys, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [w for key in keys for w in (key, "0")], out

@@ -228,7 +228,9 @@ def test_n_tasks_and_work_size_come_from_the_table(n_threads):
 @pytest.mark.parametrize("wtype,xtype", [(Type.F32, Type.F32), (Type.F16, Type.F16), (Type.F16, Type.F32),
                                          (Type.BF16, Type.BF16), (Type.Q4_0, Type.F32), (Type.Q4_K, Type.F32),
                                          (Type.Q4_0, Type.Q8_0), (Type.Q4_K, Type.Q8_K), (Type.F32, Type.F16),
-                                         (Type.Q8_0, Type.F16)])
+                                         (Type.Q8_0, Type.F16), (Type.Q5_0, Type.F32), (Type.Q5_1, Type.F32),
+                                         (Type.Q2_K, Type.F32), (Type.Q3_K, Type.F32), (Type.Q5_K, Type.F32),
+                                         (Type.Q5_0, Type.Q8_0), (Type.Q5_1, Type.Q8_1), (Type.Q5_K, Type.Q8_K)])
 def test_mul_mat_claims_every_pair_it_computes(wtype, xtype):
     """mul_mat's row: claimed pairs compute the product of the stored values; the others (activations
     already quantized, F16 activations for F32 or quantized weights) are refused before any kernel."""
@@ -260,6 +262,42 @@ def test_mul_mat_claims_every_pair_it_computes(wtype, xtype):
     assert ggml.graph_compute_with_ctx(ctx, gf, 2) == ggml.Status.SUCCESS
     ref = vals[id(x)].astype(np.float64) @ vals[id(w)].astype(np.float64).T
     assert B.nmse(y.numpy()[0, 0], ref) < 5e-4
+
+
+NEW_QTYPES = (Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K)
+
+
+@pytest.mark.parametrize("t", NEW_QTYPES)
+def test_new_types_get_rows_cpy_set_rows_are_claimed_and_computed(t):
+    """get_rows of t, cpy F32 -> t and t -> F32, and set_rows into t: each claimed by the table and
+    computed by a graph to what the types chapter's quantizer and dequantizer give."""
+    rng = np.random.default_rng(int(t))
+    K, R = 256, 6
+    f = rng.uniform(-1, 1, (R, K)).astype(np.float32)
+    q = ggml.quantize_chunk(t, f)
+    deq = ggml.types.dequantize_rows(t, q, K)
+    ctx = ggml.init(mem_size=4 << 20)
+    w, x = ggml.new_tensor_2d(ctx, t, K, R), ggml.new_tensor_2d(ctx, Type.F32, K, R)
+    w.numpy()[0, 0] = q
+    B.write_raw(x, f)
+    idx = ggml.new_tensor_1d(ctx, Type.I32, 4)
+    idx.numpy()[...] = [5, 0, 3, 3]
+    dst_q = ggml.new_tensor_2d(ctx, t, K, R)
+    rows = ggml.new_tensor_1d(ctx, Type.I64, R)
+    rows.numpy()[...] = np.arange(R)[::-1]
+    nodes = {"get_rows": ggml.get_rows(ctx, w, idx),
+             "cpy to": ggml.cpy(ctx, x, ggml.new_tensor_2d(ctx, t, K, R)),
+             "cpy from": ggml.cpy(ctx, w, ggml.new_tensor_2d(ctx, Type.F32, K, R)),
+             "set_rows": ggml.set_rows(ctx, dst_q, x, rows)}
+    gf = ggml.new_graph(ctx)
+    for node in nodes.values():
+        assert ggml.backends.cpu.table.cpu_supports_op(node), (node.op, T.cpu_unsupported_reason(node))
+        ggml.build_forward_expand(gf, node)
+    assert ggml.graph_compute_with_ctx(ctx, gf, 2) == ggml.Status.SUCCESS
+    assert np.array_equal(nodes["get_rows"].numpy()[0, 0], deq[[5, 0, 3, 3]])
+    assert np.array_equal(nodes["cpy to"].numpy()[0, 0], q)
+    assert np.array_equal(nodes["cpy from"].numpy()[0, 0], deq)
+    assert np.array_equal(nodes["set_rows"].numpy()[0, 0], q[::-1])
 
 
 def test_a_kind_id_outside_ggmls_enum_is_refused_not_raised():

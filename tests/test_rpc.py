@@ -363,6 +363,29 @@ def test_graph_recompute_reuses_the_servers_graph(server):
     ggml.backend_buffer_free(buf)
 
 
+def test_the_server_multiplies_q5_K_and_q5_0_weights_as_ggml(server):
+    """mul_mat of Q5_K and Q5_0 weights (quantized by ggml) computed by the server: ggml 0.15.3's
+    CPU products (tests/data/mulmat_types_ref.npz, from tests/ggml_ref/mulmat_types_ref.py), bit for
+    bit."""
+    backend = ggml.backend_rpc_init(server.endpoint, 0)
+    ref = np.load(HERE / "data" / "mulmat_types_ref.npz")
+    for t, k in (("Q5_K", 768), ("Q5_0", 640)):
+        w, x, want = ref[f"{t}_{k}_w"], ref[f"{t}_{k}_x"][:4], ref[f"{t}_{k}_out4"]
+        ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+        a = ggml.new_tensor_2d(ctx, ggml.Type[t], k, w.shape[0])
+        b = ggml.new_tensor_2d(ctx, ggml.Type.F32, k, 4)
+        y = ggml.mul_mat(ctx, a, b)
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, y)
+        buf = ggml.backend_alloc_ctx_tensors(ctx, backend)
+        ggml.backend_tensor_set(a, w)
+        ggml.backend_tensor_set(b, x)
+        assert ggml.backend_graph_compute(backend, gf) == ggml.Status.SUCCESS
+        got = ggml.backend_tensor_get(y).reshape(want.shape)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (t, int((got != want).sum()))
+        ggml.backend_buffer_free(buf)
+
+
 def test_quantized_rows_ask_the_server_for_their_size(server):
     buft = ggml.backend_rpc_buffer_type(server.endpoint, 0)
     ctx = ggml.init(mem_size=4 * ggml.tensor_overhead(), no_alloc=True)

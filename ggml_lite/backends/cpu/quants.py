@@ -9,6 +9,11 @@ from numba import njit
 
 from ggml_lite.backends.cpu.common import storage
 from ggml_lite.core import GGMLError
+from ggml_lite.quants_more import (dequantize_row_q2_K, dequantize_row_q3_K,
+                                   dequantize_row_q5_0, dequantize_row_q5_1,
+                                   dequantize_row_q5_K, quantize_row_q2_K_ref,
+                                   quantize_row_q3_K_ref, quantize_row_q5_0_ref,
+                                   quantize_row_q5_1_ref, quantize_row_q5_K_ref)
 from ggml_lite.types import (Type, dequantize_row_q4_0, dequantize_row_q4_1,
                              dequantize_row_q4_K,
                              dequantize_row_q6_K, dequantize_row_q8_0,
@@ -22,7 +27,10 @@ from ggml_lite.types import (Type, dequantize_row_q4_0, dequantize_row_q4_1,
 _Q4_0, _Q4_1 = int(Type.Q4_0), int(Type.Q4_1)
 _Q8_0, _Q8_1 = int(Type.Q8_0), int(Type.Q8_1)
 _Q4_K, _Q6_K, _Q8_K = int(Type.Q4_K), int(Type.Q6_K), int(Type.Q8_K)
-QUANTIZED = (_Q4_0, _Q4_1, _Q8_0, _Q8_1, _Q4_K, _Q6_K, _Q8_K)
+_Q5_0, _Q5_1 = int(Type.Q5_0), int(Type.Q5_1)
+_Q2_K, _Q3_K, _Q5_K = int(Type.Q2_K), int(Type.Q3_K), int(Type.Q5_K)
+QUANTIZED = (_Q4_0, _Q4_1, _Q8_0, _Q8_1, _Q4_K, _Q6_K, _Q8_K, _Q5_0, _Q5_1, _Q2_K,
+             _Q3_K, _Q5_K)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -40,6 +48,16 @@ def dequantize_row(t, x, y):
         dequantize_row_q4_K(x, y)
     elif t == _Q6_K:
         dequantize_row_q6_K(x, y)
+    elif t == _Q5_0:
+        dequantize_row_q5_0(x, y)
+    elif t == _Q5_1:
+        dequantize_row_q5_1(x, y)
+    elif t == _Q2_K:
+        dequantize_row_q2_K(x, y)
+    elif t == _Q3_K:
+        dequantize_row_q3_K(x, y)
+    elif t == _Q5_K:
+        dequantize_row_q5_K(x, y)
     else:
         dequantize_row_q8_K(x, y)
 
@@ -61,6 +79,16 @@ def quantize_row(t, x, y):
         quantize_row_q4_K_ref(x, y)
     elif t == _Q6_K:
         quantize_row_q6_K_ref(x, y)
+    elif t == _Q5_0:
+        quantize_row_q5_0_ref(x, y)
+    elif t == _Q5_1:
+        quantize_row_q5_1_ref(x, y)
+    elif t == _Q2_K:
+        quantize_row_q2_K_ref(x, y)
+    elif t == _Q3_K:
+        quantize_row_q3_K_ref(x, y)
+    elif t == _Q5_K:
+        quantize_row_q5_K_ref(x, y)
     else:
         quantize_row_q8_K_ref(x, y)
 

@@ -196,11 +196,12 @@ def _prepare_mul_mat(node, p):
 
 # %% book/06_cpu_compute.ipynb #table-supports
 _FLOAT = (Type.F32, Type.F16, Type.BF16)
-_QUANTIZED = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q8_1, Type.Q4_K, Type.Q6_K,
-              Type.Q8_K)
+_QUANTIZED = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1,
+              Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K)
 # quantized types ggml can read back as floats (type_traits[].to_float; Q8_1 and Q8_K
 # have none)
-_TO_FLOAT = (Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
+_TO_FLOAT = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K,
+             Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K)
 _INTEGER = (Type.I8, Type.I16, Type.I32)
 
 # %% book/06_cpu_compute.ipynb #c250b869
@@ -446,7 +447,7 @@ def _entries():
     for op in (Op.DUP, Op.CPY, Op.CONT):
         add(op, _prepare_dup, _all, _copy_scratch, _supports_dup,
             "same type (not integer); F32/F16/BF16 between them; F32/F16/BF16 -> "
-            "quantized (dst contiguous); Q4_0/Q4_1/Q8_0/Q4_K/Q6_K -> F32")
+            "quantized (dst contiguous); " + _names(_TO_FLOAT) + " -> F32")
     add(Op.SCALE, _prepare_scale, _one, _none, lambda n: _same(n, (Type.F32,)), "F32")
     for op, f in ((Op.NORM, forward_norm), (Op.RMS_NORM, forward_rms_norm)):
         add(op, _norm(f), _all, _none, _supports_norm, "F32, eps >= 0")
@@ -457,7 +458,7 @@ def _entries():
     add(Op.DIAG_MASK_INF, _prepare_diag_mask_inf, _all, _none, _supports_diag_mask_inf,
         "F32")
     add(Op.GET_ROWS, _prepare_get_rows, _one, _none, _supports_get_rows,
-        "src0 F32/F16/BF16/Q4_0/Q4_1/Q8_0/Q4_K/Q6_K -> F32, I32 -> I32; indices I32")
+        "src0 " + _names(_FLOAT + _TO_FLOAT) + " -> F32, I32 -> I32; indices I32")
     add(Op.SET_ROWS, _prepare_set_rows, _one, _none, _supports_set_rows,
         "src0 F32 rows -> dst " + _names(_FLOAT + _QUANTIZED)
         + "; row numbers I64 or I32")
