@@ -217,14 +217,22 @@ def test_launches_of_the_dequantizers(ptx, ctx, type_):
         (name, grid, block, _), = _launch(ptx, ck.cuda_dequantize_into, w, 0x7f0000000000, f16)
         assert name == f"dequantize_{ck.DEQUANTIZE_TYPES[type_]}_{'f16' if f16 else 'f32'}"
         assert grid[1:] == (65535, 2)                   # rows beyond 65535 loop inside the kernel
-        assert grid[0] == (2 if type_ in (Type.Q4_K, Type.Q6_K) else 1)
+        k_threads = ck.DEQUANTIZE_K_THREADS.get(type_)
+        assert grid[0] == (2 if k_threads else 1) and block == ((k_threads or 256),)
 
 
 # ---------------------------------------------------------------------------------------------
 # The mat-vec's threads cover every quant of a row exactly once
 # ---------------------------------------------------------------------------------------------
 
-_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q8_0: (32, 8, 2), Type.Q4_K: (256, 32, 2), Type.Q6_K: (256, 32, 1)}
+# ggml's qk (common.cuh's type traits), qi (ggml-common.h's QI*) and vdr (vecdotq.cuh's VDR_*_MMVQ)
+_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q5_0: (32, 4, 2), Type.Q5_1: (32, 4, 2), Type.Q8_0: (32, 8, 2),
+              Type.Q2_K: (256, 16, 1), Type.Q3_K: (256, 16, 1), Type.Q4_K: (256, 32, 2), Type.Q5_K: (256, 32, 2),
+              Type.Q6_K: (256, 32, 1)}
+
+
+def test_mat_vec_types_are_the_traits_table():
+    assert set(ck.MMVQ_TYPES) == set(_QK_QI_VDR) == set(ck.DEQUANTIZE_TYPES) - {Type.Q4_1}
 
 
 @pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
@@ -301,7 +309,8 @@ def test_supports_rope_softmax_get_rows(ctx):
         if type_ in (Type.Q8_1, Type.Q8_K, Type.I8, Type.I16):
             continue
         node = ggml.get_rows(ctx, ggml.new_tensor_2d(ctx, type_, 256, 5), ids)
-        assert supports(node) == (type_ in (Type.F32, Type.F16, Type.BF16, Type.I32, Type.Q4_0, Type.Q4_1, Type.Q8_0)), type_
+        assert supports(node) == (type_ in (Type.F32, Type.F16, Type.BF16, Type.I32, Type.Q4_0, Type.Q4_1, Type.Q5_0,
+                                            Type.Q5_1, Type.Q8_0)), type_
 
 
 def test_supports_cpy_pairs(ctx):
@@ -330,10 +339,14 @@ def test_supports_cpy_pairs(ctx):
 def test_supports_mul_mat(ctx):
     y1 = ggml.new_tensor_2d(ctx, Type.F32, 256, 1)
     y64 = ggml.new_tensor_2d(ctx, Type.F32, 256, 64)
-    for type_ in (Type.F32, Type.F16, Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K):
+    claimed = (Type.F32, Type.F16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
+               Type.Q4_K, Type.Q5_K, Type.Q6_K)
+    for type_ in ggml.Type:
+        if type_ in (Type.Q8_1, Type.Q8_K):
+            continue                                  # activations' formats, never weights
         w = ggml.new_tensor_2d(ctx, type_, 256, 32)
-        assert supports(ggml.mul_mat(ctx, w, y1)) and supports(ggml.mul_mat(ctx, w, y64)), type_
-    assert not supports(ggml.mul_mat(ctx, ggml.new_tensor_2d(ctx, Type.BF16, 256, 32), y1))
+        for y in (y1, y64):
+            assert supports(ggml.mul_mat(ctx, w, y)) == (type_ in claimed), (type_, y.ne[1])
     w16 = ggml.new_tensor_2d(ctx, Type.F16, 256, 32)
     assert not supports(ggml.mul_mat(ctx, w16, ggml.new_tensor_2d(ctx, Type.F16, 256, 4)))  # src1 F32 only
     a = ggml.new_tensor_3d(ctx, Type.F32, 256, 8, 4)
@@ -544,10 +557,12 @@ def _vd_q6_K(row, y, yb, kbx, iqs):
     return _f16(b, 208) * sumf
 
 
+# Transcribed for the first four types; every type's real kernel runs on the emulated device
+# (test_cuda_emu.py), exactly against gguf's dequantizers
 _VEC_DOT = {Type.Q4_0: _vd_q4_0, Type.Q8_0: _vd_q8_0, Type.Q4_K: _vd_q4_K, Type.Q6_K: _vd_q6_K}
 
 
-@pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
+@pytest.mark.parametrize("type_", list(_VEC_DOT))
 def test_mat_vec_arithmetic_emulated_equals_the_dequantized_dot(type_):
     qk, qi, vdr = _QK_QI_VDR[type_]
     n = 512
