@@ -217,14 +217,22 @@ def test_launches_of_the_dequantizers(ptx, ctx, type_):
         (name, grid, block, _), = _launch(ptx, ck.cuda_dequantize_into, w, 0x7f0000000000, f16)
         assert name == f"dequantize_{ck.DEQUANTIZE_TYPES[type_]}_{'f16' if f16 else 'f32'}"
         assert grid[1:] == (65535, 2)                   # rows beyond 65535 loop inside the kernel
-        assert grid[0] == (2 if type_ in (Type.Q4_K, Type.Q6_K) else 1)
+        k_threads = ck.DEQUANTIZE_K_THREADS.get(type_)
+        assert grid[0] == (2 if k_threads else 1) and block == ((k_threads or 256),)
 
 
 # ---------------------------------------------------------------------------------------------
 # The mat-vec's threads cover every quant of a row exactly once
 # ---------------------------------------------------------------------------------------------
 
-_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q8_0: (32, 8, 2), Type.Q4_K: (256, 32, 2), Type.Q6_K: (256, 32, 1)}
+# ggml's qk (common.cuh's type traits), qi (ggml-common.h's QI*) and vdr (vecdotq.cuh's VDR_*_MMVQ)
+_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q5_0: (32, 4, 2), Type.Q5_1: (32, 4, 2), Type.Q8_0: (32, 8, 2),
+              Type.Q2_K: (256, 16, 1), Type.Q3_K: (256, 16, 1), Type.Q4_K: (256, 32, 2), Type.Q5_K: (256, 32, 2),
+              Type.Q6_K: (256, 32, 1)}
+
+
+def test_mat_vec_types_are_the_traits_table():
+    assert set(ck.MMVQ_TYPES) == set(_QK_QI_VDR) == set(ck.DEQUANTIZE_TYPES) - {Type.Q4_1}
 
 
 @pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
@@ -301,7 +309,8 @@ def test_supports_rope_softmax_get_rows(ctx):
         if type_ in (Type.Q8_1, Type.Q8_K, Type.I8, Type.I16):
             continue
         node = ggml.get_rows(ctx, ggml.new_tensor_2d(ctx, type_, 256, 5), ids)
-        assert supports(node) == (type_ in (Type.F32, Type.F16, Type.BF16, Type.I32, Type.Q4_0, Type.Q4_1, Type.Q8_0)), type_
+        assert supports(node) == (type_ in (Type.F32, Type.F16, Type.BF16, Type.I32, Type.Q4_0, Type.Q4_1, Type.Q5_0,
+                                            Type.Q5_1, Type.Q8_0)), type_
 
 
 def test_supports_cpy_pairs(ctx):
@@ -330,10 +339,14 @@ def test_supports_cpy_pairs(ctx):
 def test_supports_mul_mat(ctx):
     y1 = ggml.new_tensor_2d(ctx, Type.F32, 256, 1)
     y64 = ggml.new_tensor_2d(ctx, Type.F32, 256, 64)
-    for type_ in (Type.F32, Type.F16, Type.Q4_0, Type.Q4_1, Type.Q8_0, Type.Q4_K, Type.Q6_K):
+    claimed = (Type.F32, Type.F16, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K,
+               Type.Q4_K, Type.Q5_K, Type.Q6_K)
+    for type_ in ggml.Type:
+        if type_ in (Type.Q8_1, Type.Q8_K):
+            continue                                  # activations' formats, never weights
         w = ggml.new_tensor_2d(ctx, type_, 256, 32)
-        assert supports(ggml.mul_mat(ctx, w, y1)) and supports(ggml.mul_mat(ctx, w, y64)), type_
-    assert not supports(ggml.mul_mat(ctx, ggml.new_tensor_2d(ctx, Type.BF16, 256, 32), y1))
+        for y in (y1, y64):
+            assert supports(ggml.mul_mat(ctx, w, y)) == (type_ in claimed), (type_, y.ne[1])
     w16 = ggml.new_tensor_2d(ctx, Type.F16, 256, 32)
     assert not supports(ggml.mul_mat(ctx, w16, ggml.new_tensor_2d(ctx, Type.F16, 256, 4)))  # src1 F32 only
     a = ggml.new_tensor_3d(ctx, Type.F32, 256, 8, 4)
@@ -502,19 +515,23 @@ def _vd_q8_0(row, y, yb, kbx, iqs):
     return _f16(b, 0) * d8 * sumi
 
 
-def _vd_q4_K(row, y, yb, kbx, iqs):
-    b = row[144 * kbx:144 * kbx + 144]
-    scales = [int.from_bytes(bytes(b[4 + 2 * k:6 + 2 * k]), "little") for k in range(6)]
-    bq8 = 2 * ((iqs // 2) // 4)
-    qs = b[16:]
-    v0, v1 = _i32(qs, (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4), _i32(qs, (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4 + 4)
-    j = bq8 // 2
+def _scale_min_k4_pair(packed, j):
+    """mmvq.cu's scale_min_k4_pair: the scales and mins of sub-blocks 2j, 2j + 1 from the 12 bytes."""
+    scales = [int.from_bytes(bytes(packed[2 * k:2 * k + 2]), "little") for k in range(6)]
     if j < 2:
         aux = [scales[j] & 0x3f3f, scales[j + 2] & 0x3f3f]
     else:
         aux = [((scales[j + 2] >> 0) & 0x0f0f) | ((scales[j - 2] & 0xc0c0) >> 2),
                ((scales[j + 2] >> 4) & 0x0f0f) | ((scales[j] & 0xc0c0) >> 2)]
-    sc, m = [aux[0] & 0xFF, aux[0] >> 8], [aux[1] & 0xFF, aux[1] >> 8]
+    return [aux[0] & 0xFF, aux[0] >> 8], [aux[1] & 0xFF, aux[1] >> 8]
+
+
+def _vd_q4_K(row, y, yb, kbx, iqs):
+    b = row[144 * kbx:144 * kbx + 144]
+    bq8 = 2 * ((iqs // 2) // 4)
+    qs = b[16:]
+    v0, v1 = _i32(qs, (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4), _i32(qs, (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4 + 4)
+    sc, m = _scale_min_k4_pair(b[4:16], bq8 // 2)
     sumf_d = sumf_m = 0.0
     for i in range(2):
         d8, _, q8 = y[yb + bq8 + i]
@@ -544,18 +561,118 @@ def _vd_q6_K(row, y, yb, kbx, iqs):
     return _f16(b, 208) * sumf
 
 
-_VEC_DOT = {Type.Q4_0: _vd_q4_0, Type.Q8_0: _vd_q8_0, Type.Q4_K: _vd_q4_K, Type.Q6_K: _vd_q6_K}
+def _q5_dp4a(vl, vh, u0, u1, sumi):
+    vi0 = (vl & 0x0F0F0F0F) | ((vh << 4) & 0x10) | ((vh << 11) & 0x1000) | ((vh << 18) & 0x100000) \
+        | ((vh << 25) & 0x10000000)
+    vi1 = ((vl >> 4) & 0x0F0F0F0F) | ((vh >> 12) & 0x10) | ((vh >> 5) & 0x1000) | ((vh << 2) & 0x100000) \
+        | ((vh << 9) & 0x10000000)
+    return _dp4a(vi1, u1, _dp4a(vi0, u0, sumi))
 
 
-@pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
+def _vd_q5_0(row, y, yb, kbx, iqs):
+    b = row[22 * kbx:22 * kbx + 22]
+    d8, s8, q8 = y[yb]
+    sumi = 0
+    for i in range(2):
+        sumi = _q5_dp4a(_i32(b[6:], iqs + i), _i32(b[2:6], 0) >> (4 * (iqs + i)), _i32(q8, iqs + i),
+                        _i32(q8, iqs + i + 4), sumi)
+    return _f16(b, 0) * (sumi * d8 - (16 * 2 // 4) * s8)
+
+
+def _vd_q5_1(row, y, yb, kbx, iqs):
+    b = row[24 * kbx:24 * kbx + 24]
+    d8, s8, q8 = y[yb]
+    sumi = 0
+    for i in range(2):
+        sumi = _q5_dp4a(_i32(b[8:], iqs + i), _i32(b[4:8], 0) >> (4 * (iqs + i)), _i32(q8, iqs + i),
+                        _i32(q8, iqs + i + 4), sumi)
+    return sumi * _f16(b, 0) * d8 + _f16(b, 2) * s8 / (4 // 2)
+
+
+def _vd_q2_K(row, y, yb, kbx, iqs):
+    b = row[84 * kbx:84 * kbx + 84]
+    scales, qs = b[0:16], b[16:80]
+    bq8, scale_offset = 4 * (iqs // 8), iqs - iqs % 8 + (iqs % 8) // 4
+    v = _i32(qs, iqs)
+    sumf_d = sumf_m = 0.0
+    for i in range(4):
+        d8, _, q8 = y[yb + bq8 + i]
+        u = _i32(q8, iqs % 8)
+        sc = int(scales[scale_offset + 2 * i])
+        sumf_d += d8 * (_dp4a((v >> (2 * i)) & 0x03030303, u, 0) * (sc & 0xF))
+        sumf_m += d8 * _dp4a((sc >> 4) * 0x01010101, u, 0)
+    return _f16(b, 80) * sumf_d - _f16(b, 82) * sumf_m
+
+
+def _vd_q3_K(row, y, yb, kbx, iqs):
+    b = row[110 * kbx:110 * kbx + 110]
+    hmask, qs, scales = b[0:32], b[32:96], b[96:108]
+    bq8, scale_offset = 4 * (iqs // 8), iqs - iqs % 8 + (iqs % 8) // 4
+    vl, vh = _i32(qs, iqs), ~_i32(hmask, iqs % 8) >> bq8
+    sumf = 0.0
+    for i in range(4):
+        d8, _, q8 = y[yb + bq8 + i]
+        isc = scale_offset + 2 * i
+        sc = (((int(scales[isc % 8]) >> (4 * (isc // 8))) & 0xF)
+              | (((int(scales[8 + isc % 4]) >> (2 * (isc // 4))) & 3) << 4)) - 32
+        vi = _vsubss4((vl >> (2 * i)) & 0x03030303, ((vh >> i) << 2) & 0x04040404)
+        sumf += d8 * (_dp4a(vi, _i32(q8, iqs % 8), 0) * sc)
+    return _f16(b, 108) * sumf
+
+
+def _vd_q5_K(row, y, yb, kbx, iqs):
+    b = row[176 * kbx:176 * kbx + 176]
+    qh, qs = b[16:48], b[48:176]
+    bq8 = 2 * ((iqs // 2) // 4)
+    w = (16 * bq8 + 4 * ((iqs // 2) % 4)) // 4
+    vl0, vl1 = _i32(qs, w), _i32(qs, w + 4)
+    vh0, vh1 = _i32(qh, (iqs // 2) % 4) >> bq8, _i32(qh, (iqs // 2) % 4 + 4) >> bq8
+    sc, m = _scale_min_k4_pair(b[4:16], bq8 // 2)
+    sumf_d = sumf_m = 0.0
+    for i in range(2):
+        d8, _, q8 = y[yb + bq8 + i]
+        u0, u1 = _i32(q8, (iqs // 2) % 4), _i32(q8, (iqs // 2) % 4 + 4)
+        v0i = ((vl0 >> (4 * i)) & 0x0F0F0F0F) | (((vh0 >> i) << 4) & 0x10101010)
+        v1i = ((vl1 >> (4 * i)) & 0x0F0F0F0F) | (((vh1 >> i) << 4) & 0x10101010)
+        sumf_d += d8 * (_dp4a(v0i, u0, _dp4a(v1i, u1, 0)) * sc[i])
+        sumf_m += d8 * (_dp4a(0x01010101, u0, _dp4a(0x01010101, u1, 0)) * m[i])
+    return _f16(b, 0) * sumf_d - _f16(b, 2) * sumf_m
+
+
+_VEC_DOT = {Type.Q4_0: _vd_q4_0, Type.Q5_0: _vd_q5_0, Type.Q5_1: _vd_q5_1, Type.Q8_0: _vd_q8_0,
+            Type.Q2_K: _vd_q2_K, Type.Q3_K: _vd_q3_K, Type.Q4_K: _vd_q4_K, Type.Q5_K: _vd_q5_K,
+            Type.Q6_K: _vd_q6_K}
+_HALF_SCALES = {Type.Q2_K: (80, 82), Type.Q3_K: (108,), Type.Q5_K: (0, 2)}   # byte offsets of d (and dmin)
+
+
+def _weights(type_, w):
+    """(uint8 block rows, their values) for the float rows w: ggml_lite's quantizer where it has
+    one, else gguf's (Q5_0, Q5_1), else random bytes with F16 scales in [0.002, 0.02] (every byte
+    pattern is a K-quant block); the values by gguf's dequantizers."""
+    from gguf import GGMLQuantizationType, quants
+    gt = GGMLQuantizationType(int(type_))
+    if ggml.get_type_traits(type_).from_float is not None:
+        rows = ggml.quantize_chunk(type_, w).reshape(w.shape[0], -1)
+    elif type_ in (Type.Q5_0, Type.Q5_1):
+        rows = quants.quantize(w, gt)
+    else:
+        rng = np.random.default_rng(w.size)
+        b = rng.integers(0, 256, (w.shape[0], w.shape[1] // 256, ggml.type_size(type_)), dtype=np.uint8)
+        for off in _HALF_SCALES[type_]:
+            b[..., off:off + 2] = rng.uniform(0.002, 0.02, b.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+        rows = b.reshape(w.shape[0], -1)
+    return rows, quants.dequantize(rows, gt).astype(np.float64)
+
+
+@pytest.mark.parametrize("type_", list(_VEC_DOT))
 def test_mat_vec_arithmetic_emulated_equals_the_dequantized_dot(type_):
     qk, qi, vdr = _QK_QI_VDR[type_]
     n = 512
     rng = np.random.default_rng(int(type_))
     w = rng.standard_normal((3, n)).astype(np.float32)
     x = rng.standard_normal(n).astype(np.float32)
-    rows = ggml.quantize_chunk(type_, w)
-    want = ggml.types.dequantize_rows(type_, rows, n) @ x
+    rows, values = _weights(type_, w)
+    want = values @ x
     y = _quantize_q8_1(x)
     _, (warp, nwarps) = ck.mmvq_launch_dims(1, 3, 1, 1)
     blocks_per_iter = vdr * nwarps * warp // qi
@@ -605,7 +722,7 @@ def _emulate_mul_mat_vec_q(type_, name, grid, block, args, x_bytes, y_blocks, ds
     return dst
 
 
-@pytest.mark.parametrize("type_", [Type.Q4_0, Type.Q6_K])
+@pytest.mark.parametrize("type_", [Type.Q4_0, Type.Q5_1, Type.Q3_K, Type.Q6_K])
 def test_mat_vec_launch_places_every_product(ptx, ctx, type_):
     """Weights [256, 5 rows, 2 channels] broadcast over 4 channels of 3 columns (channel_ratio 2):
     the emulated grid with the launcher's own arguments gives ggml's mul_mat, every value written."""
@@ -617,13 +734,14 @@ def test_mat_vec_launch_places_every_product(ptx, ctx, type_):
     rng = np.random.default_rng(7)
     wf = rng.standard_normal((ne02, ne01, ne00)).astype(np.float32)
     yf = rng.standard_normal((ne12, ncols, ne00)).astype(np.float32)
-    x_bytes = ggml.quantize_chunk(type_, wf.reshape(-1, ne00)).reshape(-1)
+    x_rows, wd = _weights(type_, wf.reshape(-1, ne00))
+    x_bytes = x_rows.reshape(-1)
     ne10_padded = int(q_args[6])
     padded = np.zeros((ne12, ncols, ne10_padded), np.float32)
     padded[..., :ne00] = yf                                    # quantize_q8_1's layout: padded columns
     y_blocks = _quantize_q8_1(padded.reshape(-1))
     got = _emulate_mul_mat_vec_q(type_, name, grid, block, args, x_bytes, y_blocks, ggml.nelements(node))
-    wd = ggml.types.dequantize_rows(type_, x_bytes.reshape(ne02 * ne01, -1), ne00).reshape(ne02, ne01, ne00)
+    wd = wd.reshape(ne02, ne01, ne00)
     want = np.einsum("cri,cki->ckr", wd[np.arange(ne12) // (ne12 // ne02)], yf).reshape(-1)
     assert not np.isnan(got).any(), "a result was never written"
     assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 5e-4

@@ -99,8 +99,12 @@ def _compute(backend, build, inputs):
         ggml.free(c)
 
 
+# the types ggml_lite.types quantizes (the others' F32 dequantizers are tested below with gguf's)
+_CONVERTED = [t for t in ck.DEQUANTIZE_TYPES if ggml.get_type_traits(t).from_float is not None]
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("type_", list(ck.DEQUANTIZE_TYPES))
+@pytest.mark.parametrize("type_", _CONVERTED)
 def test_f32_dequantizers_through_mul_mat_at_f32_precision(cuda, type_, schedule):
     rng = np.random.default_rng(int(type_))
     w = rng.standard_normal((40, 512)).astype(np.float32)
@@ -156,6 +160,127 @@ def test_set_rows_equals_the_cpu(cuda, dst_type, idx_type, schedule):
     untouched = [i for i in range(10) if i not in idx]
     assert got.reshape(10, -1)[untouched].tobytes() == start.reshape(10, -1)[untouched].tobytes()
     assert f"set_rows_{ggml.type_name(dst_type)}_{ggml.type_name(idx_type)}" in LAUNCHED
+
+
+# ---------------------------------------------------------------------------------------------
+# Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, which the harness does not make: the mat-vec for 1..8 columns, the
+# batched product (weights dequantized to F16, and to F32), GET_ROWS of Q5_0/Q5_1. The oracle is
+# numpy on gguf's dequantized values (gguf.quants.dequantize).
+# ---------------------------------------------------------------------------------------------
+
+NEW_TYPES = (Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K)
+_HALF_SCALES = {Type.Q2_K: (80, 82), Type.Q3_K: (108,), Type.Q5_K: (0, 2)}   # byte offsets of d (and dmin)
+
+
+def _gguf_type(type_):
+    from gguf import GGMLQuantizationType
+    return GGMLQuantizationType(int(type_))               # ggml's ids in both
+
+
+def _new_type_weights(type_, shape, rng):
+    """(blocks as uint8 rows, their values in float64) for weights of `shape` (..., k). Q5_0 and
+    Q5_1 by gguf's quantizers from uniform [-1, 1], as test-backend-ops makes weights; the K-quants,
+    which gguf only dequantizes, from random bytes (every byte pattern is a block) with F16 scales
+    d and dmin in [0.002, 0.02]."""
+    from gguf import quants
+    *outer, k = shape
+    if type_ in (Type.Q5_0, Type.Q5_1):
+        blocks = quants.quantize(rng.uniform(-1, 1, (int(np.prod(outer)), k)).astype(np.float32),
+                                 _gguf_type(type_))
+    else:
+        b = rng.integers(0, 256, (int(np.prod(outer)), k // 256, ggml.type_size(type_)), dtype=np.uint8)
+        for off in _HALF_SCALES[type_]:
+            b[..., off:off + 2] = rng.uniform(0.002, 0.02, b.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+        blocks = b.reshape(b.shape[0], -1)
+    values = quants.dequantize(blocks, _gguf_type(type_)).astype(np.float64)
+    return blocks, values.reshape(*outer, k)
+
+
+def _exact_q8_1(rng, shape):
+    """Activations Q8_1 holds exactly: multiples of 1/128, each block of 32 with max |x| = 127/128
+    (so d = 1/128) and a sum exact in F16. The mat-vec's result is then the dot product of the
+    dequantized weights with them, up to F32 rounding: any misplaced word or scale shows."""
+    v = rng.integers(-50, 51, (*shape[:-1], shape[-1] // 32, 32))
+    v[..., rng.integers(0, 32)] = 127
+    return (v.reshape(shape) / 128).astype(np.float32)
+
+
+def _nmse(got, want):
+    return float(np.sum((got - want) ** 2) / np.sum(want ** 2))
+
+
+def _mul_mat(backend, type_, blocks, x, w_shape, prec=None):
+    """mul_mat(w, x) with w (k, rows, channels) of type_, x (k, cols, channels * ratio) F32."""
+    k, rows, channels = w_shape
+    ch_x, cols = x.shape[0], x.shape[1]
+
+    def build(c):
+        a = ggml.new_tensor_3d(c, type_, k, rows, channels)
+        b = ggml.new_tensor_3d(c, Type.F32, k, cols, ch_x)
+        out = ggml.mul_mat(c, a, b)
+        if prec is not None:
+            ggml.mul_mat_set_prec(out, prec)
+        return out, (a, b)
+
+    return _compute(backend, build, (blocks, x)).reshape(ch_x, cols, rows)
+
+
+def _oracle(values, x):
+    """values (channels, rows, k) broadcast over x's channels (ch_x, cols, k): (ch_x, cols, rows)."""
+    ratio = x.shape[0] // values.shape[0]
+    return np.einsum("crk,cjk->cjr", values[np.arange(x.shape[0]) // ratio], x.astype(np.float64))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("type_", NEW_TYPES, ids=[ggml.type_name(t) for t in NEW_TYPES])
+def test_mat_vec_of_the_new_types_for_1_to_8_columns(cuda, type_, schedule):
+    """k = 2304: 9 super-blocks or 72 blocks, more than one step of every thread's loop, and a row
+    padded to 2560 for Q8_1; 5 rows (the odd last row of 2-row blocks); weights broadcast over 2
+    channels of activations (channel_ratio 2)."""
+    rng = np.random.default_rng(100 + int(type_))
+    k, rows = 2304, 5
+    blocks, values = _new_type_weights(type_, (1, rows, k), rng)
+    for cols in range(1, 9):
+        with emu.emu_schedule(schedule):
+            x = _exact_q8_1(rng, (2, cols, k))
+            exact = _nmse(_mul_mat(cuda, type_, blocks, x, (k, rows, 1)), _oracle(values, x))
+            x = rng.uniform(-1, 1, (2, cols, k)).astype(np.float32)
+            ggml_limit = _nmse(_mul_mat(cuda, type_, blocks, x, (k, rows, 1)), _oracle(values, x))
+        assert exact < 1e-10, (cols, exact)                        # the kernel's own arithmetic
+        assert ggml_limit < 5e-4, (cols, ggml_limit)               # with Q8_1's rounding: ggml's limit
+        assert f"mul_mat_vec_{ck.MMVQ_TYPES[type_]}_q8_1_{cols}" in LAUNCHED
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("type_", NEW_TYPES, ids=[ggml.type_name(t) for t in NEW_TYPES])
+def test_batched_product_of_the_new_types(cuda, type_, schedule):
+    """16 columns: convert.cu's dequantizer, then the GEMM; weights of 2 channels, rows of 512."""
+    rng = np.random.default_rng(200 + int(type_))
+    k, rows = 512, 40
+    blocks, values = _new_type_weights(type_, (2, rows, k), rng)
+    x = rng.uniform(-1, 1, (2, 16, k)).astype(np.float32)
+    want = _oracle(values, x)
+    with emu.emu_schedule(schedule):
+        f16 = _nmse(_mul_mat(cuda, type_, blocks, x, (k, rows, 2)), want)
+        f32 = _nmse(_mul_mat(cuda, type_, blocks, x, (k, rows, 2), ggml.Prec.F32), want)
+    assert f16 < 5e-4 and f32 < 1e-10, (f16, f32)    # F16 weights and activations; F32 throughout
+    name = ck.DEQUANTIZE_TYPES[type_]
+    assert {f"dequantize_{name}_f16", f"dequantize_{name}_f32"} <= LAUNCHED
+
+
+@pytest.mark.parametrize("type_", [Type.Q5_0, Type.Q5_1], ids=["q5_0", "q5_1"])
+def test_get_rows_of_q5_0_and_q5_1(cuda, type_):
+    rng = np.random.default_rng(300 + int(type_))
+    blocks, values = _new_type_weights(type_, (10, 96), rng)
+    ids = np.array([7, 0, 9, 3, 3], np.int32)
+
+    def build(c):
+        table, idx = ggml.new_tensor_2d(c, type_, 96, 10), ggml.new_tensor_1d(c, Type.I32, 5)
+        return ggml.get_rows(c, table, idx), (table, idx)
+
+    got = _compute(cuda, build, (blocks, ids)).reshape(5, 96)
+    np.testing.assert_allclose(got, values[ids], rtol=1e-6, atol=1e-7)     # a fused multiply-add at most
+    assert f"get_rows_{ggml.type_name(type_)}" in LAUNCHED
 
 
 def test_every_kernel_of_the_sources_ran(cuda):

@@ -23,6 +23,8 @@ typedef unsigned long long uint64_t;
 #define WARP_SIZE 32
 #define QK4_0 32
 #define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
 #define QK8_0 32
 #define QK8_1 32
 #define QK_K 256
@@ -30,12 +32,22 @@ typedef unsigned long long uint64_t;
 #define QR4_0 2
 #define QI4_0 (QK4_0 / (4 * QR4_0))
 #define QR4_1 2
+#define QR5_0 2
+#define QI5_0 (QK5_0 / (4 * QR5_0))
+#define QR5_1 2
+#define QI5_1 (QK5_1 / (4 * QR5_1))
 #define QR8_0 1
 #define QI8_0 (QK8_0 / (4 * QR8_0))
 #define QR8_1 1
 #define QI8_1 (QK8_1 / (4 * QR8_1))
+#define QR2_K 4
+#define QI2_K (QK_K / (4 * QR2_K))
+#define QR3_K 4
+#define QI3_K (QK_K / (4 * QR3_K))
 #define QR4_K 2
 #define QI4_K (QK_K / (4 * QR4_K))
+#define QR5_K 2
+#define QI5_K (QK_K / (4 * QR5_K))
 #define QR6_K 2
 #define QI6_K (QK_K / (4 * QR6_K))
 #define GGML_INFINITY __int_as_float(0x7f800000)
@@ -104,24 +116,51 @@ __device__ __forceinline__ void store_float<bf16_t>(char * p, float x) {
     *(uint16_t *) p = ggml_float_to_bf16(x);
 }
 
-// ggml-common.h's blocks, byte for byte (static_asserts below check the sizes)
+// %% book/11_cuda.ipynb #cu-common-cuh-blocks
+// ggml-common.h's blocks, byte for byte (the static_asserts check the sizes). Blocks
+// whose quants the mat-vec reads as whole 32-bit words are 4-byte aligned, as ggml's
+// are (there a half2 holds d and m, or d and dmin).
 typedef struct { ggml_half d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
 typedef struct { ggml_half d; ggml_half m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+// Q5: the low 4 bits of each value in qs as in Q4, the 5th bits in qh (bit j of the
+// little-endian 32-bit qh belongs to value j)
+typedef struct { ggml_half d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+typedef struct __align__(4) {
+    ggml_half d; ggml_half m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2];
+} block_q5_1;
 typedef struct { ggml_half d; int8_t qs[QK8_0]; } block_q8_0;
 // ds: d and the sum of the block's (unquantized) values, as ggml's half2
 typedef struct __align__(4) { ggml_half d; ggml_half s; int8_t qs[QK8_1]; } block_q8_1;
+
+// K-quants: super-blocks of 256 values, sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32
+// (Q4_K, Q5_K) values with scales of their own
+typedef struct __align__(4) {
+    uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; ggml_half d; ggml_half dmin;
+} block_q2_K;
+typedef struct {
+    uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; ggml_half d;
+} block_q3_K;
 typedef struct __align__(4) {
     ggml_half d; ggml_half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2];
 } block_q4_K;
+typedef struct __align__(4) {
+    ggml_half d; ggml_half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
 typedef struct {
     uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; ggml_half d;
 } block_q6_K;
 
 static_assert(sizeof(block_q4_0) == 18, "wrong q4_0 block size");
 static_assert(sizeof(block_q4_1) == 20, "wrong q4_1 block size");
+static_assert(sizeof(block_q5_0) == 22, "wrong q5_0 block size");
+static_assert(sizeof(block_q5_1) == 24, "wrong q5_1 block size");
 static_assert(sizeof(block_q8_0) == 34, "wrong q8_0 block size");
 static_assert(sizeof(block_q8_1) == 36, "wrong q8_1 block size");
+static_assert(sizeof(block_q2_K) == 84, "wrong q2_K block size");
+static_assert(sizeof(block_q3_K) == 110, "wrong q3_K block size");
 static_assert(sizeof(block_q4_K) == 144, "wrong q4_K block size");
+static_assert(sizeof(block_q5_K) == 176, "wrong q5_K block size");
 static_assert(sizeof(block_q6_K) == 210, "wrong q6_K block size");
 
 // %% book/11_cuda.ipynb #cu-common-cuh-2
@@ -182,6 +221,34 @@ static __device__ __forceinline__ void dequantize_q4_1(const void * vx,
     const int vui = x[ib].qs[iqs];
     v0 = (vui & 0xF) * d + m;
     v1 = (vui >> 4) * d + m;
+}
+
+// bit j of qh is the 5th bit of value j; ggml reads qh with memcpy, which NVRTC lacks
+static __device__ __forceinline__ uint32_t q5_high_bits(const uint8_t * qh) {
+    return qh[0] | (qh[1] << 8) | (qh[2] << 16) | ((uint32_t) qh[3] << 24);
+}
+
+static __device__ __forceinline__ void dequantize_q5_0(const void * vx,
+        const int64_t ib, const int iqs, float & v0, float & v1) {
+    const block_q5_0 * x = (const block_q5_0 *) vx;
+    const float d = ggml_half_to_float(x[ib].d);
+    const uint32_t qh = q5_high_bits(x[ib].qh);
+    const int xh_0 = ((qh >> (iqs +  0)) << 4) & 0x10;
+    const int xh_1 = ((qh >> (iqs + 12))     ) & 0x10;
+    v0 = (((x[ib].qs[iqs] & 0xf) | xh_0) - 16.0f) * d;
+    v1 = (((x[ib].qs[iqs] >>  4) | xh_1) - 16.0f) * d;
+}
+
+static __device__ __forceinline__ void dequantize_q5_1(const void * vx,
+        const int64_t ib, const int iqs, float & v0, float & v1) {
+    const block_q5_1 * x = (const block_q5_1 *) vx;
+    const float d = ggml_half_to_float(x[ib].d);
+    const float m = ggml_half_to_float(x[ib].m);
+    const uint32_t qh = q5_high_bits(x[ib].qh);
+    const int xh_0 = ((qh >> (iqs +  0)) << 4) & 0x10;
+    const int xh_1 = ((qh >> (iqs + 12))     ) & 0x10;
+    v0 = ((x[ib].qs[iqs] & 0xf) | xh_0) * d + m;
+    v1 = ((x[ib].qs[iqs] >>  4) | xh_1) * d + m;
 }
 
 static __device__ __forceinline__ void dequantize_q8_0(const void * vx,

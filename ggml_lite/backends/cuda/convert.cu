@@ -15,9 +15,9 @@ __device__ __forceinline__ ggml_half from_float<ggml_half>(float x) {
     return ggml_float_to_half(x);
 }
 
-// Q4_0, Q4_1, Q8_0: two values per thread. Grid (ceil(ne00 / 512), min(ne01, 65535),
-// min(ne02*ne03, 65535)), block 256; s01, s02, s03 are the source strides in blocks,
-// the destination is contiguous.
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: two values per thread. Grid (ceil(ne00 / 512),
+// min(ne01, 65535), min(ne02*ne03, 65535)), block 256; s01, s02, s03 are the source
+// strides in blocks, the destination is contiguous.
 template <int qk, int qr, void (*dequantize_kernel)(const void *, const int64_t,
                                                     const int, float &, float &),
           typename dst_t>
@@ -88,6 +88,84 @@ static __device__ __forceinline__ void dequantize_block_q4_K(const block_q4_K * 
     }
 }
 
+// %% book/11_cuda.ipynb #cu-convert-cu-k
+// Q2_K, Q3_K, Q5_K by 64 threads (dequantize.cuh's dequantize_q2_K ... q5_K)
+template <typename dst_t>
+static __device__ __forceinline__ void dequantize_block_q2_K(const block_q2_K * x,
+        dst_t * yy) {
+    const int64_t tid = threadIdx.x;
+    const int64_t n   = tid / 32;              // which 128 values
+    const int64_t l   = tid - 32 * n;
+    const int64_t is  = 8 * n + l / 16;        // sub-block of bit pair 0
+
+    const uint8_t q = x->qs[32 * n + l];
+    dst_t * y = yy + 128 * n;
+    const float dall = ggml_half_to_float(x->d);
+    const float dmin = ggml_half_to_float(x->dmin);
+    for (int k = 0; k < 4; ++k) {              // bit pair k: sub-block is + 2k
+        const uint8_t sc = x->scales[is + 2 * k];
+        y[l + 32 * k] = from_float<dst_t>(dall * (sc & 0xF) * ((q >> (2 * k)) & 3)
+                                          - dmin * (sc >> 4));
+    }
+}
+
+template <typename dst_t>
+static __device__ __forceinline__ void dequantize_block_q3_K(const block_q3_K * x,
+        dst_t * yy) {
+    const int64_t tid = threadIdx.x;
+    const int64_t r   = tid / 4;
+    const int64_t t   = r / 2;
+    const int64_t is0 = r % 2;
+    const int64_t l0  = 16 * is0 + 4 * (tid % 4);
+    const int64_t n   = t / 4;
+    const int64_t j   = t - 4 * n;
+
+    const uint8_t m  = 1 << (4 * n + j);       // this value's bit in hmask
+    const int64_t is = 8 * n + 2 * j + is0;    // its sub-block
+    const int shift  = 2 * j;
+    const uint8_t * s = x->scales;             // 6-bit scales: 4 low bits, 2 high bits
+    const int8_t us = is <  4 ? (s[is - 0] & 0xF) | (((s[is + 8] >> 0) & 3) << 4)
+                    : is <  8 ? (s[is - 0] & 0xF) | (((s[is + 4] >> 2) & 3) << 4)
+                    : is < 12 ? (s[is - 8] >>  4) | (((s[is + 0] >> 4) & 3) << 4)
+                    :           (s[is - 8] >>  4) | (((s[is - 4] >> 6) & 3) << 4);
+    const float dl = ggml_half_to_float(x->d) * (us - 32);
+
+    dst_t * y = yy + 128 * n + 32 * j;
+    const uint8_t * q = x->qs + 32 * n;
+    for (int l = l0; l < l0 + 4; ++l) {
+        y[l] = from_float<dst_t>(dl * ((int8_t) ((q[l] >> shift) & 3)
+                                       - ((x->hmask[l] & m) ? 0 : 4)));
+    }
+}
+
+template <typename dst_t>
+static __device__ __forceinline__ void dequantize_block_q5_K(const block_q5_K * x,
+        dst_t * yy) {
+    const int64_t tid = threadIdx.x;
+    const int64_t il  = tid / 16;              // 0..3
+    const int64_t ir  = tid % 16;              // 0..15
+    const int64_t is  = 2 * il;
+
+    dst_t * y = yy + 64 * il + 2 * ir;
+    const float dall = ggml_half_to_float(x->d);
+    const float dmin = ggml_half_to_float(x->dmin);
+    const uint8_t * ql = x->qs + 32 * il + 2 * ir;
+    const uint8_t * qh = x->qh + 2 * ir;
+
+    uint8_t sc, m;
+    get_scale_min_k4(is + 0, x->scales, sc, m);
+    const float d1 = dall * sc; const float m1 = dmin * m;
+    get_scale_min_k4(is + 1, x->scales, sc, m);
+    const float d2 = dall * sc; const float m2 = dmin * m;
+
+    uint8_t hm = 1 << (2 * il);                // the 5th bits of sub-block is
+    y[ 0] = from_float<dst_t>(d1 * ((ql[0] & 0xF) + (qh[0] & hm ? 16 : 0)) - m1);
+    y[ 1] = from_float<dst_t>(d1 * ((ql[1] & 0xF) + (qh[1] & hm ? 16 : 0)) - m1);
+    hm <<= 1;                                  // and of sub-block is + 1
+    y[32] = from_float<dst_t>(d2 * ((ql[0] >>  4) + (qh[0] & hm ? 16 : 0)) - m2);
+    y[33] = from_float<dst_t>(d2 * ((ql[1] >>  4) + (qh[1] & hm ? 16 : 0)) - m2);
+}
+
 // %% book/11_cuda.ipynb #cu-convert-cu-2
 // the same for Q6_K, by a CUDA block of 64 threads
 template <typename dst_t>
@@ -127,6 +205,10 @@ DEQUANTIZE_BLOCK(dequantize_q4_0_f16, QK4_0, QR4_0, dequantize_q4_0, ggml_half)
 DEQUANTIZE_BLOCK(dequantize_q4_0_f32, QK4_0, QR4_0, dequantize_q4_0, float)
 DEQUANTIZE_BLOCK(dequantize_q4_1_f16, QK4_1, QR4_1, dequantize_q4_1, ggml_half)
 DEQUANTIZE_BLOCK(dequantize_q4_1_f32, QK4_1, QR4_1, dequantize_q4_1, float)
+DEQUANTIZE_BLOCK(dequantize_q5_0_f16, QK5_0, QR5_0, dequantize_q5_0, ggml_half)
+DEQUANTIZE_BLOCK(dequantize_q5_0_f32, QK5_0, QR5_0, dequantize_q5_0, float)
+DEQUANTIZE_BLOCK(dequantize_q5_1_f16, QK5_1, QR5_1, dequantize_q5_1, ggml_half)
+DEQUANTIZE_BLOCK(dequantize_q5_1_f32, QK5_1, QR5_1, dequantize_q5_1, float)
 DEQUANTIZE_BLOCK(dequantize_q8_0_f16, QK8_0, QR8_0, dequantize_q8_0, ggml_half)
 DEQUANTIZE_BLOCK(dequantize_q8_0_f32, QK8_0, QR8_0, dequantize_q8_0, float)
 
@@ -149,7 +231,13 @@ DEQUANTIZE_BLOCK(dequantize_q8_0_f32, QK8_0, QR8_0, dequantize_q8_0, float)
         }                                                                              \
     }
 
+DEQUANTIZE_K(dequantize_q2_K_f16, block_q2_K, dequantize_block_q2_K, ggml_half)
+DEQUANTIZE_K(dequantize_q2_K_f32, block_q2_K, dequantize_block_q2_K, float)
+DEQUANTIZE_K(dequantize_q3_K_f16, block_q3_K, dequantize_block_q3_K, ggml_half)
+DEQUANTIZE_K(dequantize_q3_K_f32, block_q3_K, dequantize_block_q3_K, float)
 DEQUANTIZE_K(dequantize_q4_K_f16, block_q4_K, dequantize_block_q4_K, ggml_half)
 DEQUANTIZE_K(dequantize_q4_K_f32, block_q4_K, dequantize_block_q4_K, float)
+DEQUANTIZE_K(dequantize_q5_K_f16, block_q5_K, dequantize_block_q5_K, ggml_half)
+DEQUANTIZE_K(dequantize_q5_K_f32, block_q5_K, dequantize_block_q5_K, float)
 DEQUANTIZE_K(dequantize_q6_K_f16, block_q6_K, dequantize_block_q6_K, ggml_half)
 DEQUANTIZE_K(dequantize_q6_K_f32, block_q6_K, dequantize_block_q6_K, float)

@@ -115,6 +115,14 @@ extern "C" __global__ void get_rows_q4_1(const void * src0, const int32_t * src1
         float * dst, GET_ROWS_ARGS) {
     k_get_rows<QK4_1, QR4_1, dequantize_q4_1>(src0, src1, dst, GET_ROWS_PASS);
 }
+extern "C" __global__ void get_rows_q5_0(const void * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
+    k_get_rows<QK5_0, QR5_0, dequantize_q5_0>(src0, src1, dst, GET_ROWS_PASS);
+}
+extern "C" __global__ void get_rows_q5_1(const void * src0, const int32_t * src1,
+        float * dst, GET_ROWS_ARGS) {
+    k_get_rows<QK5_1, QR5_1, dequantize_q5_1>(src0, src1, dst, GET_ROWS_PASS);
+}
 extern "C" __global__ void get_rows_q8_0(const void * src0, const int32_t * src1,
         float * dst, GET_ROWS_ARGS) {
     k_get_rows<QK8_0, QR8_0, dequantize_q8_0>(src0, src1, dst, GET_ROWS_PASS);

@@ -8,13 +8,24 @@
 #include "common.cuh"
 
 #define GGML_TYPE_Q4_0 2
+#define GGML_TYPE_Q5_0 6
+#define GGML_TYPE_Q5_1 7
 #define GGML_TYPE_Q8_0 8
+#define GGML_TYPE_Q2_K 10
+#define GGML_TYPE_Q3_K 11
 #define GGML_TYPE_Q4_K 12
+#define GGML_TYPE_Q5_K 13
 #define GGML_TYPE_Q6_K 14
 
+// 32-bit words of a weight block a thread takes per step (vecdotq.cuh)
 #define VDR_Q4_0_Q8_1_MMVQ 2
+#define VDR_Q5_0_Q8_1_MMVQ 2
+#define VDR_Q5_1_Q8_1_MMVQ 2
 #define VDR_Q8_0_Q8_1_MMVQ 2
+#define VDR_Q2_K_Q8_1_MMVQ 1
+#define VDR_Q3_K_Q8_1_MMVQ 1
 #define VDR_Q4_K_Q8_1_MMVQ 2
+#define VDR_Q5_K_Q8_1_MMVQ 2
 #define VDR_Q6_K_Q8_1_MMVQ 1
 
 static __device__ __forceinline__ int get_int_b2(const void * x, const int i32) {
@@ -23,7 +34,7 @@ static __device__ __forceinline__ int get_int_b2(const void * x, const int i32) 
 }
 
 static __device__ __forceinline__ int get_int_b4(const void * x, const int i32) {
-    return ((const int *) x)[i32];  // q8_1 and q4_K quants are 4-byte aligned
+    return ((const int *) x)[i32];  // blocks declared __align__(4)
 }
 
 // --- the dot of one weight block slice with the matching Q8_1 slice (vecdotq.cuh) ---
@@ -59,7 +70,77 @@ static __device__ __forceinline__ float vec_dot_q8_0_q8_1(
     return ggml_half_to_float(bq8_0->d) * ggml_half_to_float(bq8_1->d) * (float) sumi;
 }
 
+// %% book/11_cuda.ipynb #cu-mmvq-cu-q5
+// Q5_0 and Q5_1: the low nibbles of vl (values 4i..4i+3 of the block) and its high
+// nibbles (values 4i+16..), each with its 5th bit from vh, which holds qh shifted
+// right by 4i: bits 0..3 for the low nibbles, bits 16..19 for the high ones.
+static __device__ __forceinline__ int q5_dp4a(const int vl, const int vh, const int u0,
+        const int u1, int sumi) {
+    int vi0 = (vl >>  0) & 0x0F0F0F0F;
+    vi0    |= (vh <<  4) & 0x00000010;  // bit 0 -> 4
+    vi0    |= (vh << 11) & 0x00001000;  // bit 1 -> 12
+    vi0    |= (vh << 18) & 0x00100000;  // bit 2 -> 20
+    vi0    |= (vh << 25) & 0x10000000;  // bit 3 -> 28
+    sumi = __dp4a(vi0, u0, sumi);
+    int vi1 = (vl >>  4) & 0x0F0F0F0F;
+    vi1    |= (vh >> 12) & 0x00000010;  // bit 16 -> 4
+    vi1    |= (vh >>  5) & 0x00001000;  // bit 17 -> 12
+    vi1    |= (vh <<  2) & 0x00100000;  // bit 18 -> 20
+    vi1    |= (vh <<  9) & 0x10000000;  // bit 19 -> 28
+    return __dp4a(vi1, u1, sumi);
+}
+
+static __device__ __forceinline__ float vec_dot_q5_0_q8_1(
+        const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
+    const block_q5_0 * bq5_0 = (const block_q5_0 *) vbq + kbx;
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < VDR_Q5_0_Q8_1_MMVQ; ++i) {
+        sumi = q5_dp4a(get_int_b2(bq5_0->qs, iqs + i),
+                       get_int_b2(bq5_0->qh, 0) >> (4 * (iqs + i)),
+                       get_int_b4(bq8_1->qs, iqs + i),
+                       get_int_b4(bq8_1->qs, iqs + i + QI5_0), sumi);
+    }
+    const float d8 = ggml_half_to_float(bq8_1->d);
+    const float s8 = ggml_half_to_float(bq8_1->s);
+    // the quants are q + 16: subtract 16 * (sum of the Q8_1 values this thread covered)
+    return ggml_half_to_float(bq5_0->d) * (sumi * d8
+            - (16 * VDR_Q5_0_Q8_1_MMVQ / QI5_0) * s8);
+}
+
+static __device__ __forceinline__ float vec_dot_q5_1_q8_1(
+        const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
+    const block_q5_1 * bq5_1 = (const block_q5_1 *) vbq + kbx;
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < VDR_Q5_1_Q8_1_MMVQ; ++i) {
+        sumi = q5_dp4a(get_int_b4(bq5_1->qs, iqs + i),
+                       get_int_b4(bq5_1->qh, 0) >> (4 * (iqs + i)),
+                       get_int_b4(bq8_1->qs, iqs + i),
+                       get_int_b4(bq8_1->qs, iqs + i + QI5_1), sumi);
+    }
+    // ggml's branch without fast F16; with it, ggml forms both products as one half2
+    const float d5d8 = ggml_half_to_float(bq5_1->d) * ggml_half_to_float(bq8_1->d);
+    const float m5s8 = ggml_half_to_float(bq5_1->m) * ggml_half_to_float(bq8_1->s);
+    // m5 * s8 once per block: QI5_1 / vdr threads share it
+    return sumi * d5d8 + m5s8 / (QI5_1 / VDR_Q5_1_Q8_1_MMVQ);
+}
+
 // %% book/11_cuda.ipynb #cu-mmvq-cu-1
+// the 6-bit scales (aux[0]) and mins (aux[1]) of sub-blocks 2j and 2j + 1, as bytes:
+// get_scale_min_k4 on 16-bit words (Q4_K and Q5_K pack them alike)
+static __device__ __forceinline__ void scale_min_k4_pair(const uint8_t * packed,
+        const int j, uint16_t aux[2]) {
+    const uint16_t * scales = (const uint16_t *) packed;
+    if (j < 2) {
+        aux[0] = scales[j + 0] & 0x3f3f;
+        aux[1] = scales[j + 2] & 0x3f3f;
+    } else {
+        aux[0] = ((scales[j + 2] >> 0) & 0x0f0f) | ((scales[j - 2] & 0xc0c0) >> 2);
+        aux[1] = ((scales[j + 2] >> 4) & 0x0f0f) | ((scales[j - 0] & 0xc0c0) >> 2);
+    }
+}
+
 static __device__ __forceinline__ float vec_dot_q4_K_q8_1(
         const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
     const block_q4_K * bq4_K = (const block_q4_K *) vbq + kbx;
@@ -71,17 +152,8 @@ static __device__ __forceinline__ float vec_dot_q4_K_q8_1(
     const int v0 = q4[0];
     const int v1 = q4[4];
 
-    // the two 6-bit scales and mins of this group (get_scale_min_k4 on 16-bit words)
-    const uint16_t * scales = (const uint16_t *) bq4_K->scales;
     uint16_t aux[2];
-    const int j = bq8_offset / 2;
-    if (j < 2) {
-        aux[0] = scales[j + 0] & 0x3f3f;
-        aux[1] = scales[j + 2] & 0x3f3f;
-    } else {
-        aux[0] = ((scales[j + 2] >> 0) & 0x0f0f) | ((scales[j - 2] & 0xc0c0) >> 2);
-        aux[1] = ((scales[j + 2] >> 4) & 0x0f0f) | ((scales[j - 0] & 0xc0c0) >> 2);
-    }
+    scale_min_k4_pair(bq4_K->scales, bq8_offset / 2, aux);
     const uint8_t * sc = (const uint8_t *) aux;
     const uint8_t * m  = sc + 2;
 
@@ -104,6 +176,45 @@ static __device__ __forceinline__ float vec_dot_q4_K_q8_1(
     }
     return ggml_half_to_float(bq4_K->d) * sumf_d
             - ggml_half_to_float(bq4_K->dmin) * sumf_m;
+}
+
+// Q5_K: Q4_K's nibbles and scales, and the 5th bits of all 256 values in qh (bit k of
+// byte l is the 5th bit of value 32k + l)
+static __device__ __forceinline__ float vec_dot_q5_K_q8_1(
+        const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
+    const block_q5_K * bq5_K = (const block_q5_K *) vbq + kbx;
+
+    const int bq8_offset = QR5_K * ((iqs / 2) / (QI8_1 / 2));
+    const int * ql = (const int *) (bq5_K->qs + 16 * bq8_offset + 4 * ((iqs / 2) % 4));
+    const int * qh = (const int *) (bq5_K->qh + 4 * ((iqs / 2) % 4));
+    const int vl0 = ql[0];
+    const int vl1 = ql[4];
+    const int vh0 = qh[0] >> bq8_offset;
+    const int vh1 = qh[4] >> bq8_offset;
+
+    uint16_t aux[2];
+    scale_min_k4_pair(bq5_K->scales, bq8_offset / 2, aux);
+    const uint8_t * sc = (const uint8_t *) aux;
+    const uint8_t * m  = sc + 2;
+
+    float sumf_d = 0.0f;
+    float sumf_m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < QR5_K; ++i) {
+        const block_q8_1 * bq8i = bq8_1 + bq8_offset + i;
+        const float d8 = ggml_half_to_float(bq8i->d);
+        const int * q8 = (const int *) bq8i->qs + ((iqs / 2) % 4);
+        const int v0i = ((vl0 >> (4 * i)) & 0x0F0F0F0F)
+                | (((vh0 >> i) << 4) & 0x10101010);
+        const int v1i = ((vl1 >> (4 * i)) & 0x0F0F0F0F)
+                | (((vh1 >> i) << 4) & 0x10101010);
+        const int dot1 = __dp4a(v0i, q8[0], __dp4a(v1i, q8[4], 0));  // quants . q8
+        const int dot2 = __dp4a(0x01010101, q8[0], __dp4a(0x01010101, q8[4], 0));
+        sumf_d += d8 * (dot1 * sc[i]);
+        sumf_m += d8 * (dot2 * m[i]);
+    }
+    return ggml_half_to_float(bq5_K->d) * sumf_d
+            - ggml_half_to_float(bq5_K->dmin) * sumf_m;
 }
 
 // %% book/11_cuda.ipynb #cu-mmvq-cu-2
@@ -135,35 +246,90 @@ static __device__ __forceinline__ float vec_dot_q6_K_q8_1(
     return ggml_half_to_float(bq6_K->d) * sumf;
 }
 
+// %% book/11_cuda.ipynb #cu-mmvq-cu-q23k
+// iqs in 0..15: word iqs of qs holds 4 values of each of 4 sub-blocks (bits 2i, 2i+1:
+// sub-block scale_offset + 2i, Q8_1 block bq8_offset + i)
+static __device__ __forceinline__ float vec_dot_q2_K_q8_1(
+        const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
+    const block_q2_K * bq2_K = (const block_q2_K *) vbq + kbx;
+
+    const int bq8_offset   = QR2_K * (iqs / QI8_1);
+    const int scale_offset = iqs - iqs % QI8_1 + (iqs % QI8_1) / (QI8_1 / 2);
+    const uint8_t * scales = bq2_K->scales + scale_offset;
+    const int v = get_int_b4(bq2_K->qs, iqs);
+
+    float sumf_d = 0.0f;
+    float sumf_m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < QR2_K; ++i) {
+        const block_q8_1 * bq8i = bq8_1 + bq8_offset + i;
+        const float d8 = ggml_half_to_float(bq8i->d);
+        const int u  = get_int_b4(bq8i->qs, iqs % QI8_1);
+        const int sc = scales[2 * i];                // scale in bits 0-3, min in 4-7
+        const int vi = (v >> (2 * i)) & 0x03030303;
+        sumf_d += d8 * (__dp4a(vi, u, 0) * (sc & 0xF));
+        int m = sc >> 4;                             // the min in all four bytes
+        m |= m <<  8;
+        m |= m << 16;
+        sumf_m += d8 * __dp4a(m, u, 0);              // min * (sum of these q8)
+    }
+    return ggml_half_to_float(bq2_K->d) * sumf_d
+            - ggml_half_to_float(bq2_K->dmin) * sumf_m;
+}
+
+static __device__ __forceinline__ float vec_dot_q3_K_q8_1(
+        const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
+    const block_q3_K * bq3_K = (const block_q3_K *) vbq + kbx;
+
+    const int bq8_offset   = QR3_K * (iqs / (QI3_K / 2));
+    const int scale_offset = iqs - iqs % QI8_1 + (iqs % QI8_1) / (QI8_1 / 2);
+    const int vl = get_int_b2(bq3_K->qs, iqs);
+    // the high bits inverted: a clear bit (4 subtracted) becomes a set one
+    const int vh = ~get_int_b2(bq3_K->hmask, iqs % (QI3_K / 2)) >> bq8_offset;
+
+    float sumf = 0.0f;
+#pragma unroll
+    for (int i = 0; i < QR3_K; ++i) {
+        const block_q8_1 * bq8i = bq8_1 + bq8_offset + i;
+        const int u = get_int_b4(bq8i->qs, iqs % QI8_1);
+        // the 6-bit scale of sub-block isc: low 4 bits, then high 2 bits
+        const int isc = scale_offset + 2 * i;
+        const int sc_low  = (bq3_K->scales[isc % (QK_K / 32)]
+                             >> (4 * (isc / (QK_K / 32)))) & 0xF;
+        const int sc_high = ((bq3_K->scales[QK_K / 32 + isc % (QK_K / 64)]
+                              >> (2 * (isc / (QK_K / 64)))) & 3) << 4;
+        const int sc = (sc_low | sc_high) - 32;
+        const int vil = (vl >> (2 * i)) & 0x03030303;
+        const int vih = ((vh >> i) << 2) & 0x04040404;
+        const int vi  = __vsubss4(vil, vih);        // 3-bit quants minus 4 or 0
+        sumf += ggml_half_to_float(bq8i->d) * (__dp4a(vi, u, 0) * sc);
+    }
+    return ggml_half_to_float(bq3_K->d) * sumf;
+}
+
+// %% book/11_cuda.ipynb #cu-mmvq-cu-traits
+// per type: values per block (qk), 32-bit words per block (qi), words per thread and
+// step (vdr) and the dot product (ggml_cuda_type_traits, get_vdr_mmvq,
+// get_vec_dot_q_cuda)
 template <int type> struct mmvq_type;
-template <> struct mmvq_type<GGML_TYPE_Q4_0> {
-    static constexpr int qk = QK4_0, qi = QI4_0, vdr = VDR_Q4_0_Q8_1_MMVQ;
-    static __device__ __forceinline__ float vec_dot(const void * vx,
-            const block_q8_1 * y, int kbx, int iqs) {
-        return vec_dot_q4_0_q8_1(vx, y, kbx, iqs);
-    }
-};
-template <> struct mmvq_type<GGML_TYPE_Q8_0> {
-    static constexpr int qk = QK8_0, qi = QI8_0, vdr = VDR_Q8_0_Q8_1_MMVQ;
-    static __device__ __forceinline__ float vec_dot(const void * vx,
-            const block_q8_1 * y, int kbx, int iqs) {
-        return vec_dot_q8_0_q8_1(vx, y, kbx, iqs);
-    }
-};
-template <> struct mmvq_type<GGML_TYPE_Q4_K> {
-    static constexpr int qk = QK_K, qi = QI4_K, vdr = VDR_Q4_K_Q8_1_MMVQ;
-    static __device__ __forceinline__ float vec_dot(const void * vx,
-            const block_q8_1 * y, int kbx, int iqs) {
-        return vec_dot_q4_K_q8_1(vx, y, kbx, iqs);
-    }
-};
-template <> struct mmvq_type<GGML_TYPE_Q6_K> {
-    static constexpr int qk = QK_K, qi = QI6_K, vdr = VDR_Q6_K_Q8_1_MMVQ;
-    static __device__ __forceinline__ float vec_dot(const void * vx,
-            const block_q8_1 * y, int kbx, int iqs) {
-        return vec_dot_q6_K_q8_1(vx, y, kbx, iqs);
-    }
-};
+#define MMVQ_TYPE(type, qk_, qi_, vdr_, vec_dot_q)                                     \
+    template <> struct mmvq_type<type> {                                               \
+        static constexpr int qk = qk_, qi = qi_, vdr = vdr_;                           \
+        static __device__ __forceinline__ float vec_dot(const void * vx,               \
+                const block_q8_1 * y, int kbx, int iqs) {                              \
+            return vec_dot_q(vx, y, kbx, iqs);                                         \
+        }                                                                              \
+    };
+
+MMVQ_TYPE(GGML_TYPE_Q4_0, QK4_0, QI4_0, VDR_Q4_0_Q8_1_MMVQ, vec_dot_q4_0_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q5_0, QK5_0, QI5_0, VDR_Q5_0_Q8_1_MMVQ, vec_dot_q5_0_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q5_1, QK5_1, QI5_1, VDR_Q5_1_Q8_1_MMVQ, vec_dot_q5_1_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q8_0, QK8_0, QI8_0, VDR_Q8_0_Q8_1_MMVQ, vec_dot_q8_0_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q2_K, QK_K, QI2_K, VDR_Q2_K_Q8_1_MMVQ, vec_dot_q2_K_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q3_K, QK_K, QI3_K, VDR_Q3_K_Q8_1_MMVQ, vec_dot_q3_K_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q4_K, QK_K, QI4_K, VDR_Q4_K_Q8_1_MMVQ, vec_dot_q4_K_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q5_K, QK_K, QI5_K, VDR_Q5_K_Q8_1_MMVQ, vec_dot_q5_K_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q6_K, QK_K, QI6_K, VDR_Q6_K_Q8_1_MMVQ, vec_dot_q6_K_q8_1)
 
 // %% book/11_cuda.ipynb #cu-mmvq-cu-3
 // ggml's MMVQ_PARAMETERS_GENERIC table (NVIDIA from Ampere on): warps per block and
@@ -292,6 +458,11 @@ static __device__ __forceinline__ void mul_mat_vec_q(
     MMVQ_KERNEL(name, type, 7) MMVQ_KERNEL(name, type, 8)
 
 MMVQ_KERNELS(mul_mat_vec_q4_0_q8_1, GGML_TYPE_Q4_0)
+MMVQ_KERNELS(mul_mat_vec_q5_0_q8_1, GGML_TYPE_Q5_0)
+MMVQ_KERNELS(mul_mat_vec_q5_1_q8_1, GGML_TYPE_Q5_1)
 MMVQ_KERNELS(mul_mat_vec_q8_0_q8_1, GGML_TYPE_Q8_0)
+MMVQ_KERNELS(mul_mat_vec_q2_K_q8_1, GGML_TYPE_Q2_K)
+MMVQ_KERNELS(mul_mat_vec_q3_K_q8_1, GGML_TYPE_Q3_K)
 MMVQ_KERNELS(mul_mat_vec_q4_K_q8_1, GGML_TYPE_Q4_K)
+MMVQ_KERNELS(mul_mat_vec_q5_K_q8_1, GGML_TYPE_Q5_K)
 MMVQ_KERNELS(mul_mat_vec_q6_K_q8_1, GGML_TYPE_Q6_K)
