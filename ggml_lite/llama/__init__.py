@@ -38,9 +38,7 @@ from ggml_lite.llama.graph import LlamaGraph
 
 # %% book/12_llama.ipynb #llama-place
 class _Layer:
-    """One block's weights and its KV cache cells, all on one backend."""
-    NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-             "ffn_gate", "ffn_up", "ffn_down")
+    """One block's backend and its KV cache cells (its weights are named blk.N.*)."""
 
     def __init__(self, backend):
         self.backend = backend

@@ -44,16 +44,14 @@ class LlamaGraph:
     n_kv: int
     n_embd_v_gqa: int
     kv_size: int
-    # iSWA (gemma3): F32 [n_kv, n_tokens] attn_inp_kq_mask_swa, the sliding layers' mask
-    kq_mask_swa: object = None
+    kq_mask_swa: object = None  # F32 [n_kv, n_tokens]    attn_inp_kq_mask_swa (iSWA)
     n_swa: int = 0
 
     def can_reuse(self, n_tokens, n_outputs, n_kv):
-        """llm_graph_result::can_reuse: the graph parameters allow it
-        (llm_graph_params::allow_reuse: the same ubatch shape and n_outputs) and every
-        input can take the new ubatch (each input's can_reuse: the same token count, the
-        same out_ids, KQ masks of the same shape, KV index inputs of the same
-        length)."""
+        """llm_graph_result::can_reuse: the graph parameters allow it (allow_reuse: the
+        same ubatch shape and n_outputs) and every input can take the new ubatch (each
+        input's can_reuse: the same token count and out_ids, KQ masks of the same shape,
+        KV index inputs of the same length)."""
         if n_tokens != self.n_tokens or n_outputs != self.n_outputs:
             return False
         return (self.tokens.ne[0] == n_tokens and self.pos.ne[0] == n_tokens
@@ -67,8 +65,7 @@ class LlamaGraph:
         """llm_graph_result::set_inputs: the data of every input for tokens batch at
         positions n_past..: all that differs from one decode step to the next."""
         n = len(batch)
-        # the cells this ubatch fills
-        cells = np.arange(n_past, n_past + n, dtype=np.int64)
+        cells = np.arange(n_past, n_past + n, dtype=np.int64)  # the cells it fills
         backend_tensor_set(self.tokens, np.asarray(batch, np.int32))
         backend_tensor_set(self.pos, cells.astype(np.int32))
         backend_tensor_set(self.kq_mask, _causal_mask(n, n_past, self.n_kv))

@@ -143,8 +143,8 @@ def _bpe_cut(vocab, n):
 # %% book/93_llama_product.ipynb #67cee6cac349
 def _write_vocab(w, vocab, n):
     """The tokenizer.ggml.* keys llama.cpp's llama_vocab::load reads: SPM ("llama":
-    tokens, scores, types, BOS/EOS/UNK, add_space_prefix) or BPE ("gpt2": tokens, types, merges, the
-    pre-tokenizer, BOS/EOS, add_bos)."""
+    tokens, scores, types, BOS/EOS/UNK, add_space_prefix) or BPE ("gpt2": tokens,
+    types, merges, the pre-tokenizer, BOS/EOS, add_bos)."""
     if not isinstance(vocab, BPEVocab):
         w.add_tokenizer_model("llama")
         w.add_token_list(vocab.tokens[:n])
