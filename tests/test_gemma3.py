@@ -288,3 +288,23 @@ def test_an_unknown_architecture_names_the_known_ones(tmp_path):
     w.close()
     assert ("general.architecture is 'gemma2'; this loader reads 'llama', 'gemma3' models"
             in load_error(tmp_path / "g.gguf"))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_and_cpu_through_the_scheduler(name):
+    """All layers on CUDA0 (the embeddings on the CPU; a node CUDA does not take runs on the CPU):
+    llama.cpp's logits within mul_mat's limit, prompt and steps past the window. Skipped on a
+    machine without a GPU."""
+    import ggml_lite as ggml
+    ggml.backend_load_all()
+    cuda = ggml.backend_init_by_name("CUDA0")
+    if cuda is None:
+        pytest.skip("no CUDA device here")
+    m = llama.load(DATA / f"gemma3_{name}.gguf", n_ctx=META["n_ctx"], n_threads=1, progress=False,
+                   backends=[cuda, ggml.backend_cpu_init()])
+    info = META["models"][name]
+    logits = m.eval(info["prompt_tokens"])
+    assert max(nmse(logits[i], REF[f"{name}_prompt"][i]) for i in range(len(logits))) <= 5e-4
+    for step, tok in enumerate(info["greedy"][:8]):
+        row = m.eval([tok], n_past=len(logits) + step)
+        assert nmse(row[0], REF[f"{name}_steps"][step]) <= 5e-4, step
