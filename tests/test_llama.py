@@ -260,9 +260,10 @@ def test_bad_tensors(tmp_path):
     wrong = np.zeros((64, 32), np.float32)                      # attn_q must be [64, 64]
     assert "tensor 'blk.0.attn_q.weight' has wrong shape; expected [64, 64], got [32, 64]" in load_error(
         rewrite(tmp_path / "b.gguf", retype={"blk.0.attn_q.weight": (wrong, None)}))
-    q5 = gguf.quants.quantize(np.ones((64, 64), np.float32), gguf.GGMLQuantizationType.Q5_0)
-    assert "tensor 'blk.0.attn_q.weight' is Q5_0" in load_error(    # a type without kernels here
-        rewrite(tmp_path / "c.gguf", retype={"blk.0.attn_q.weight": (q5, gguf.GGMLQuantizationType.Q5_0)}))
+    iq4 = np.zeros((64, 64 // 32 * 18), np.uint8)              # IQ4_NL: 18 bytes per 32 weights
+    msg = load_error(rewrite(tmp_path / "c.gguf", retype={"blk.0.attn_q.weight": (iq4, gguf.GGMLQuantizationType.IQ4_NL)}))
+    assert "tensor 'blk.0.attn_q.weight' is IQ4_NL; this loader takes" in msg   # a type not taken here
+    assert "q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K" in msg
     extra = {"blk.0.attn_q.bias": np.zeros(64, np.float32)}    # llama.cpp would use it; this loader cannot
     assert "unexpected tensor 'blk.0.attn_q.bias'" in load_error(
         rewrite(tmp_path / "d.gguf", extra_tensors=extra))

@@ -27,19 +27,18 @@ from ggml_lite.tensor import (init, new_tensor_1d, new_tensor_2d, set_name,
                               tensor_overhead)
 from ggml_lite.types import Type, type_name
 
-# the chapter's other modules (LlamaHParams, LlamaGraph and build_graph are also
-# names of ggml_lite.llama)
+# the chapter's other modules (LlamaHParams, LlamaGraph, LLM_ARCHS and build_graph
+# are also names of ggml_lite.llama)
+from ggml_lite.llama.arch import LLM_ARCHS, LlmArch, build_graph, llm_arch
 from ggml_lite.llama.buft import llama_weight_buft
 from ggml_lite.llama.file import (
     LLAMA_INT, LLAMA_STR, LlamaHParams, llama_check_tensor, llama_check_tensor_names,
     llama_key, llama_open, llama_positive, llama_read_hparams)
-from ggml_lite.llama.graph import LlamaGraph, build_graph
+from ggml_lite.llama.graph import LlamaGraph
 
 # %% book/12_llama.ipynb #llama-place
 class _Layer:
-    """One block's weights and its KV cache cells, all on one backend."""
-    NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-             "ffn_gate", "ffn_up", "ffn_down")
+    """One block's backend and its KV cache cells (its weights are named blk.N.*)."""
 
     def __init__(self, backend):
         self.backend = backend
@@ -338,7 +337,7 @@ def _generate(m, tokens, n_predict, temperature, top_k, top_p, seed, on_token,
         out.append(tok)
         if on_token is not None:
             on_token(tok)
-        if ((stop_at_eos and tok == m.eos) or len(out) == n_predict
+        if ((stop_at_eos and tok in m.eog) or len(out) == n_predict
                 or len(tokens) + len(out) > m.n_ctx):
             break
         t0 = time.perf_counter()
@@ -357,7 +356,8 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     for a batch of n_batch tokens."""
     t0 = time.perf_counter()
     reader = llama_open(path)
-    hp = llama_read_hparams(reader)
+    arch = llm_arch(reader)
+    hp = arch.load_hparams(reader)
     tokenizer = llama_key(reader, "tokenizer.ggml.model", LLAMA_STR)
     vocab = (llama_read_vocab(reader, hp.n_vocab)
              if tokenizer in ("llama", "gpt2", "gemma4") else None)   # others: ids only
@@ -375,9 +375,9 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
             if n_threads is not None:
                 backend_cpu_set_n_threads(b, n_threads)
     # before anything is sized by n_layer
-    llama_check_tensor_names({rt.name for rt in reader.tensors}, hp)
+    llama_check_tensor_names({rt.name for rt in reader.tensors}, arch.tensors(hp))
     layers = [_Layer(b) for b in _placement(hp.n_layer, backends, layers_on)]
-    named, records = _weight_plan(reader, hp, backends, layers)
+    named, records = _weight_plan(reader, arch.tensors(hp), backends, layers)
     weights, owned = _alloc_weights(named, "weights", llama_weight_buft)
     for _, buf in owned:
         backend_buffer_set_usage(buf, BackendBufferUsage.WEIGHTS)
@@ -391,16 +391,17 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     m.tokenizer_model = tokenizer
     m.eos = (vocab.eos if vocab else
              llama_key(reader, "tokenizer.ggml.eos_token_id", LLAMA_INT, False, None))
+    m.eog = llama_vocab_eog(vocab) if vocab else {m.eos} - {None}
     m.timings["t_load_ms"] = 1e3 * (time.perf_counter() - t0)
     return m
 
 # %% book/12_llama.ipynb #llama-weight-plan
-def _weight_plan(reader, hp, backends, layers):
-    """Every tensor of the file checked against the architecture, with the backend it
-    goes to."""
+def _weight_plan(reader, expected, backends, layers):
+    """Every tensor of the file checked against what the architecture expects (its
+    tensors(hp)), with the backend it goes to."""
     records = {rt.name: rt for rt in reader.tensors}
     named = {}
-    for name, (ne, required) in llama_check_tensor_names(records, hp).items():
+    for name, (ne, required) in llama_check_tensor_names(records, expected).items():
         if name not in records:
             continue
         t = llama_check_tensor(records[name], ne)
@@ -426,6 +427,7 @@ def _max_nodes(n_tensors):
 
 # %% book/93_llama_product.ipynb #2c9a7e4b6f13
 # the appendix's modules, imported after the model's code that calls them
-from ggml_lite.llama.vocab import Vocab, llama_read_vocab, load_vocab
+from ggml_lite.llama.vocab import (Vocab, llama_read_vocab, llama_vocab_eog,
+                                   load_vocab)
 from ggml_lite.llama.sampling import sample_token
 from ggml_lite.llama.writer import write_llama_gguf

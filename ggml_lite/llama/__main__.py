@@ -132,7 +132,8 @@ def _run(args, state):
                      args.seed, on_token=show)
     sys.stdout.write(decoder.decode(b"", final=True) + "\n")
     sys.stdout.flush()
-    if (args.n_predict < 0 or len(out) < args.n_predict) and out[-1:] != [m.eos]:
+    ended = bool(out) and out[-1] in m.eog
+    if (args.n_predict < 0 or len(out) < args.n_predict) and not ended:
         print(f"llama: context full (n_ctx = {m.n_ctx}: {len(tokens)} prompt + "
               f"{len(out) - 1} generated tokens "
               f"cached, no context shift here) => stopping", file=sys.stderr)

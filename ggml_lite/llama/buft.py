@@ -19,14 +19,16 @@ from ggml_lite.tensor import (new_tensor_1d, new_tensor_3d, new_tensor_4d,
 from ggml_lite.types import Type
 
 # %% book/12_llama.ipynb #c12b1a2c3d02
-# LLM_TENSOR_INFOS for the llama tensors: the op that reads each weight (a tied head
-# is a second copy of token_embd, loaded as "output": MUL_MAT)
+# LLM_TENSOR_INFOS for the llama and gemma3 tensors: the op that reads each weight (a
+# tied head is a second copy of token_embd, loaded as "output": MUL_MAT)
 LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL,
                     "output": Op.MUL_MAT, "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT,
                     "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT,
                     "attn_output": Op.MUL_MAT, "ffn_norm": Op.MUL,
                     "ffn_gate": Op.MUL_MAT, "ffn_up": Op.MUL_MAT,
-                    "ffn_down": Op.MUL_MAT, "rope_freqs": Op.ROPE}
+                    "ffn_down": Op.MUL_MAT, "rope_freqs": Op.ROPE,
+                    "attn_q_norm": Op.MUL, "attn_k_norm": Op.MUL,
+                    "post_attention_norm": Op.MUL, "post_ffw_norm": Op.MUL}
 
 
 def llama_weight_op(name):

@@ -15,11 +15,12 @@ from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, blck_size, row_size, type_name
 
 # %% book/12_llama.ipynb #llama-tensors
-LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q8_0,
-                      Type.Q4_K, Type.Q6_K}
+LLAMA_WEIGHT_TYPES = {Type.F32, Type.F16, Type.BF16, Type.Q4_0, Type.Q4_1, Type.Q5_0,
+                      Type.Q5_1, Type.Q8_0, Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K,
+                      Type.Q6_K}
 
 
-def _expected_tensors(hp):
+def llama_tensors(hp):
     """(name, ne, required) of every tensor llama.cpp's LLM_ARCH_LLAMA loader creates,
     in order."""
     e, v, ff, kv = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_k_gqa
@@ -34,11 +35,12 @@ def _expected_tensors(hp):
             yield f"blk.{i}.{name}.weight", ne, True
 
 
-def llama_check_tensor_names(names, hp):
-    """Every required tensor present, nothing unknown. The walk stops at the first
+def llama_check_tensor_names(names, expected):
+    """Every required tensor present, nothing unknown; expected yields (name, ne,
+    required) as the architecture's loader creates them. The walk stops at the first
     missing name, so a block_count of a billion in a small file costs nothing."""
     want = {}
-    for name, ne, required in _expected_tensors(hp):
+    for name, ne, required in expected:
         if required and name not in names:
             raise GGMLError(f"llama: missing tensor '{name}'")
         want[name] = (ne, required)
@@ -71,11 +73,73 @@ def llama_check_tensor(rt, ne):
                         f"{type_name(t)} {list(ne)} needs {n}")
     return t
 
+# %% book/12_llama.ipynb #gemma3-hparams
+def gemma3_read_hparams(reader):
+    """llama_model_gemma3::load_arch_hparams: the shared keys, then the sliding window,
+    its layers and RoPE base, the optional logit soft-capping, and the Q scale that
+    llama.cpp hard-codes."""
+    hp = llm_load_hparams(reader, "gemma3")
+    key = lambda name: llama_key(reader, f"gemma3.{name}", LLAMA_INT, False, 0)
+    if hp["n_rot"] != hp["key_length"] or hp["value_length"] != hp["key_length"]:
+        raise GGMLError(f"llama: gemma3 with key_length = {hp['key_length']}, "
+                        f"value_length = {hp['value_length']}, "
+                        f"rope.dimension_count = {hp['n_rot']}: this loader needs "
+                        "all three equal")
+    n_swa = key("attention.sliding_window")
+    if n_swa > 0:
+        hp.update(n_swa=int(n_swa), swa_layers=llm_swa_layers(reader, "gemma3",
+                                                              hp["n_layer"], 6),
+                  rope_freq_base_swa=float(llama_key(
+                      reader, "gemma3.rope.freq_base_swa", LLAMA_FLOAT, False, 1e4)))
+    hp["f_final_logit_softcapping"] = float(llama_key(
+        reader, "gemma3.final_logit_softcapping", LLAMA_FLOAT, False, 0.0))
+    # gemma_pytorch's query_pre_attn_scalar: n_embd / n_head for the 27B model (62
+    # layers), the head size for the others
+    d = hp["n_embd"] // hp["n_head"] if hp["n_layer"] == 62 else hp["key_length"]
+    return LlamaHParams(**hp, f_attention_scale=1.0 / math.sqrt(d))
+
+
+def llm_swa_layers(reader, arch, n_layer, n_pattern):
+    """load_swa_pattern and set_swa_pattern: the sliding layers, from an array of bools
+    under attention.sliding_window_pattern, else every layer but the last of each group
+    of n_pattern (that key, or the architecture's default; 0: all)."""
+    import gguf
+    name = f"{arch}.attention.sliding_window_pattern"
+    f = reader.fields.get(name)
+    if f is not None and f.types == [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.BOOL]:
+        flags = [bool(x) for x in f.contents()]
+        if len(flags) != n_layer:
+            raise GGMLError(f"llama: {name} has {len(flags)} entries, "
+                            f"the model {n_layer} layers")
+        return tuple(il for il, x in enumerate(flags) if x)
+    n = int(llama_key(reader, name, LLAMA_INT, False, n_pattern))
+    return tuple(il for il in range(n_layer) if n == 0 or il % n < n - 1)
+
+# %% book/12_llama.ipynb #gemma3-tensors
+def gemma3_tensors(hp):
+    """(name, ne, required) of every tensor llama_model_gemma3::load_arch_tensors
+    creates, in order: llama's, with heads key_length wide (attn_q [n_embd, key_length
+    · n_head] need not be square), a norm of Q and K per head, and a norm after the
+    attention and after the FFN."""
+    e, v, ff, hk = hp.n_embd, hp.n_vocab, hp.n_ff, hp.n_embd_head
+    q = hk * hp.n_head
+    yield from (("token_embd.weight", (e, v), True), ("output_norm.weight", (e,), True),
+                ("output.weight", (e, v), False))
+    for i in range(hp.n_layer):
+        for name, ne in (("attn_norm", (e,)), ("attn_q", (e, q)),
+                         ("attn_k", (e, hp.n_embd_k_gqa)),
+                         ("attn_v", (e, hp.n_embd_v_gqa)), ("attn_output", (q, e)),
+                         ("post_attention_norm", (e,)), ("attn_k_norm", (hk,)),
+                         ("attn_q_norm", (hk,)), ("ffn_norm", (e,)),
+                         ("ffn_gate", (e, ff)), ("ffn_up", (e, ff)),
+                         ("ffn_down", (ff, e)), ("post_ffw_norm", (e,))):
+            yield f"blk.{i}.{name}.weight", ne, True
+
 # %% book/93_llama_product.ipynb #llama-hparams
 @dataclass(frozen=True)
 class LlamaHParams:
-    """What the forward graph needs from a llama GGUF (llama.cpp's llama_hparams, this
-    architecture)."""
+    """What the forward graph needs from a GGUF model (llama.cpp's llama_hparams, the
+    fields of the architectures read here: llama and gemma3)."""
     n_vocab: int
     n_ctx_train: int
     n_embd: int
@@ -88,10 +152,22 @@ class LlamaHParams:
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0
     f_attention_scale: float = 0.0
+    arch: str = "llama"                    # general.architecture
+    key_length: int = 0                    # head sizes of K and V (0: n_embd / n_head)
+    value_length: int = 0
+    n_swa: int = 0                         # attention.sliding_window (0: none)
+    swa_layers: tuple = ()                 # the layers that use it (is_swa)
+    rope_freq_base_swa: float = 10000.0    # their RoPE base and scale
+    rope_freq_scale_swa: float = 1.0
+    f_final_logit_softcapping: float = 0.0
 
     @property
     def n_embd_head(self):
-        return self.n_embd // self.n_head
+        return self.key_length or self.n_embd // self.n_head
+
+    @property
+    def n_embd_head_v(self):
+        return self.value_length or self.n_embd // self.n_head
 
     @property
     def n_embd_k_gqa(self):
@@ -99,7 +175,11 @@ class LlamaHParams:
 
     @property
     def n_embd_v_gqa(self):
-        return self.n_embd_head * self.n_head_kv
+        return self.n_embd_head_v * self.n_head_kv
+
+    def is_swa(self, il):
+        """llama_hparams::is_swa: layer il attends through the sliding window."""
+        return il in self.swa_layers
 
 # %% book/93_llama_product.ipynb #llama-fields
 LLAMA_INT, LLAMA_FLOAT, LLAMA_STR, LLAMA_BOOL = ("an integer", "a float", "a string",
@@ -151,62 +231,69 @@ def llama_positive(key, v, lo=1):
     return int(v)
 
 # %% book/93_llama_product.ipynb #llama-read-hparams
-def llama_read_hparams(reader):
-    """llama.cpp's load_hparams for LLM_ARCH_LLAMA: the keys, their defaults, their
-    checks."""
-    arch = llama_key(reader, "general.architecture", LLAMA_STR)
-    if arch != "llama":
-        raise GGMLError(f"llama: general.architecture is '{arch}', "
-                        "this loader reads 'llama' models only")
-    k = lambda name: f"llama.{name}"
-    n_embd = llama_positive(k("embedding_length"),
-                            llama_key(reader, k("embedding_length"), LLAMA_INT))
-    n_layer = llama_positive(k("block_count"),
-                             llama_key(reader, k("block_count"), LLAMA_INT))
-    n_head = llama_positive(k("attention.head_count"),
-                            llama_key(reader, k("attention.head_count"), LLAMA_INT))
-    n_head_kv = llama_positive(k("attention.head_count_kv"),
-                          llama_key(reader, k("attention.head_count_kv"), LLAMA_INT,
-                                    False, n_head))
-    n_ff = llama_positive(k("feed_forward_length"),
-                          llama_key(reader, k("feed_forward_length"), LLAMA_INT))
-    n_ctx_train = llama_positive(k("context_length"),
-                                 llama_key(reader, k("context_length"), LLAMA_INT))
+def llm_load_hparams(reader, arch):
+    """llama_model_base::load_hparams: the keys every architecture reads, each under the
+    prefix general.architecture names (and RMSNorm's epsilon, which both architectures
+    here require): the fields of LlamaHParams they give."""
+    k = lambda name: f"{arch}.{name}"
+    hp = {"arch": arch}
+    for field, key in (("n_embd", "embedding_length"), ("n_layer", "block_count"),
+                       ("n_head", "attention.head_count"),
+                       ("n_ff", "feed_forward_length"),
+                       ("n_ctx_train", "context_length")):
+        hp[field] = llama_positive(k(key), llama_key(reader, k(key), LLAMA_INT))
+    n_embd, n_head = hp["n_embd"], hp["n_head"]
+    hp["n_head_kv"] = llama_positive(k("attention.head_count_kv"),
+                                     llama_key(reader, k("attention.head_count_kv"),
+                                               LLAMA_INT, False, n_head))
+    if n_head % hp["n_head_kv"]:
+        raise GGMLError(f"llama: n_head = {n_head}, n_head_kv = {hp['n_head_kv']}: "
+                        f"n_head_kv must divide n_head")
     eps = float(llama_key(reader, k("attention.layer_norm_rms_epsilon"), LLAMA_FLOAT))
     base = float(llama_key(reader, k("rope.freq_base"), LLAMA_FLOAT, False, 10000.0))
     for key, value in (("attention.layer_norm_rms_epsilon", eps),
                        ("rope.freq_base", base)):
         if not (math.isfinite(value) and value > 0):
-            raise GGMLError(f"llama: llama.{key} = {value} must be a positive number")
-    if n_embd % n_head or n_head % n_head_kv:
-        raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, "
-                        f"n_head_kv = {n_head_kv}: "
-                        f"n_head must divide n_embd and n_head_kv must divide n_head")
-    n_rot = llama_key(reader, k("rope.dimension_count"), LLAMA_INT, False,
-                      n_embd // n_head)
-    if n_rot != n_embd // n_head:
-        raise GGMLError(f"llama: rope.dimension_count = {n_rot} "
-                        f"must equal n_embd / n_head = {n_embd // n_head}")
-    _llama_refuse_unsupported(reader, n_embd, n_head)
+            raise GGMLError(f"llama: {arch}.{key} = {value} must be a positive number")
+    for key in ("attention.key_length", "attention.value_length"):
+        hp[key.split(".")[1]] = llama_positive(
+            k(key), llama_key(reader, k(key), LLAMA_INT, False, n_embd // n_head))
+    hp["n_rot"] = int(llama_key(reader, k("rope.dimension_count"), LLAMA_INT, False,
+                                hp["key_length"]))
     scaling = llama_key(reader, k("rope.scaling.type"), LLAMA_STR, False, "none")
     factor = float(llama_key(reader, k("rope.scaling.factor"), LLAMA_FLOAT, False, 0.0))
     if scaling not in ("none", "linear"):
         raise GGMLError(f"llama: rope.scaling.type = '{scaling}' "
                         "is not supported (none or linear)")
-    freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
     tokens = llama_array(reader, "tokenizer.ggml.tokens", LLAMA_STR, None)
     n_vocab = llama_key(reader, k("vocab_size"), LLAMA_INT, False,
                         None if tokens is None else len(tokens))
     if n_vocab is None:
         raise GGMLError("llama: key not found in model: "
-                        "tokenizer.ggml.tokens (nor llama.vocab_size)")
-    return LlamaHParams(n_vocab=llama_positive(k("vocab_size"), n_vocab),
-                        n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer,
-                        n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, n_rot=int(n_rot),
-                        f_norm_rms_eps=eps, rope_freq_base=base,
-                        rope_freq_scale=freq_scale,
-                        f_attention_scale=float(llama_key(reader, k("attention.scale"),
-                                                          LLAMA_FLOAT, False, 0.0)))
+                        f"tokenizer.ggml.tokens (nor {arch}.vocab_size)")
+    return dict(hp, n_vocab=llama_positive(k("vocab_size"), n_vocab),
+                f_norm_rms_eps=eps, rope_freq_base=base,
+                rope_freq_scale=(1.0 / factor if scaling == "linear" and factor > 0
+                                 else 1.0))
+
+# %% book/93_llama_product.ipynb #llama-read-hparams-llama
+def llama_read_hparams(reader):
+    """llama_model_llama::load_arch_hparams: the shared keys, then llama's own checks
+    and its attention.scale."""
+    hp = llm_load_hparams(reader, "llama")
+    n_embd, n_head = hp["n_embd"], hp["n_head"]
+    if n_embd % n_head:
+        raise GGMLError(f"llama: n_embd = {n_embd}, n_head = {n_head}, "
+                        f"n_head_kv = {hp['n_head_kv']}: "
+                        f"n_head must divide n_embd and n_head_kv must divide n_head")
+    if hp["n_rot"] != n_embd // n_head:
+        raise GGMLError(f"llama: rope.dimension_count = {hp['n_rot']} "
+                        f"must equal n_embd / n_head = {n_embd // n_head}")
+    _llama_refuse_unsupported(reader, n_embd, n_head)
+    # llama's heads are n_embd / n_head wide: the defaults
+    hp.update(key_length=0, value_length=0)
+    return LlamaHParams(**hp, f_attention_scale=float(
+        llama_key(reader, "llama.attention.scale", LLAMA_FLOAT, False, 0.0)))
 
 # %% book/93_llama_product.ipynb #5b59ac93847b
 def _llama_refuse_unsupported(reader, n_embd, n_head):

@@ -388,6 +388,21 @@ def llama_read_vocab(reader, n_vocab):
                  add_bos=flags["add_bos_token"], add_eos=flags["add_eos_token"],
                  add_space_prefix=flags["add_space_prefix"])
 
+# %% book/93_llama_product.ipynb #llama-vocab-eog
+# llama_vocab::load: the texts of the tokens that end a generation, besides EOS
+_EOG_TEXTS = {t.encode() for t in (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+    "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+    "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")}
+
+
+def llama_vocab_eog(vocab):
+    """special_eog_ids: EOS and every token whose text llama.cpp knows as an end of
+    generation (Gemma's <end_of_turn>, Llama 3's <|eot_id|>, ...)."""
+    found = {i for i, t in enumerate(vocab.tokens) if t in _EOG_TEXTS}
+    return found | ({vocab.eos} if vocab.eos is not None else set())
+
 # %% book/93_llama_product.ipynb #llama-load-vocab
 def load_vocab(path):
     """The vocabulary of a GGUF file alone (llama.cpp's vocab_only), e.g.

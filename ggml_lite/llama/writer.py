@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from ggml_lite.core import GGMLError
+from ggml_lite.llama.arch import LLM_ARCHS
 from ggml_lite.llama.vocab import BPEVocab
 from ggml_lite.types import Type, type_name
 
@@ -45,10 +46,25 @@ def _random_weights(hp, rng, tied):
             w[p + name + ".weight"] = g(rows, cols, s=1 / math.sqrt(cols))
     return w
 
+# %% book/93_llama_product.ipynb #llama-random-arch
+def _random_weights_arch(hp, rng, tied):
+    """Seeded weights for another architecture, shaped by its tensor list: norms near
+    1, matrices scaled by 1/sqrt(ne[0]) (the head by 2/sqrt(ne[0])). gemma3 multiplies
+    its embeddings by sqrt(n_embd), so they too start near unit size."""
+    w = {}
+    for name, ne, _ in LLM_ARCHS[hp.arch].tensors(hp):
+        if name == "output.weight" and tied:
+            continue
+        x = rng.standard_normal(tuple(reversed(ne))).astype(np.float32)
+        s = 0.1 if len(ne) == 1 else (1 + (name == "output.weight")) / math.sqrt(ne[0])
+        w[name] = (1 + np.float32(s) * x) if len(ne) == 1 else np.float32(s) * x
+    return w
+
 # %% book/93_llama_product.ipynb #llama-writer
 def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False,
                      out_type=None, rope_freqs=None):
-    """A llama GGUF file with seeded random weights: 2-D weights in wtype (the output
+    """A GGUF file of hparams.arch (llama or gemma3) with seeded random weights: 2-D
+    weights in wtype (the output
     head in out_type, default wtype), norms in F32, the vocabulary cut to n_vocab tokens
     (an SPM Vocab: its first n_vocab; a BPEVocab: see _bpe_cut), and rope_freqs (n_rot/2
     divisors of the rotation frequencies, as Llama 3's rope scaling stores them) when
@@ -58,20 +74,12 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False,
     if hp.n_vocab > vocab.n_tokens:
         raise GGMLError(f"llama: n_vocab = {hp.n_vocab}, "
                         f"but the vocabulary has {vocab.n_tokens} tokens")
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"ggml_lite random llama {type_name(wtype)}")
-    w.add_context_length(hp.n_ctx_train)
-    w.add_embedding_length(hp.n_embd)
-    w.add_block_count(hp.n_layer)
-    w.add_feed_forward_length(hp.n_ff)
-    w.add_head_count(hp.n_head)
-    w.add_head_count_kv(hp.n_head_kv)
-    w.add_rope_dimension_count(hp.n_rot)
-    w.add_rope_freq_base(hp.rope_freq_base)
-    w.add_layer_norm_rms_eps(hp.f_norm_rms_eps)
-    w.add_vocab_size(hp.n_vocab)
+    w = gguf.GGUFWriter(str(path), hp.arch)
+    w.add_name(f"ggml_lite random {hp.arch} {type_name(wtype)}")
+    _write_hparams(w, hp)
     _write_vocab(w, vocab, hp.n_vocab)
-    weights = _random_weights(hp, rng, tied)
+    weights = (_random_weights(hp, rng, tied) if hp.arch == "llama"
+               else _random_weights_arch(hp, rng, tied))
     if rope_freqs is not None:
         weights["rope_freqs.weight"] = (np.asarray(rope_freqs, np.float32)
                                         .reshape(hp.n_rot // 2))
@@ -85,6 +93,33 @@ def write_llama_gguf(path, hparams, vocab, wtype=Type.F32, seed=0, tied=False,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+# %% book/93_llama_product.ipynb #llama-writer-hparams
+def _write_hparams(w, hp):
+    """The keys the architecture's loader reads, under its prefix (the GGUFWriter's
+    architecture): llama's; gemma3's with its head sizes and sliding window."""
+    w.add_context_length(hp.n_ctx_train)
+    w.add_embedding_length(hp.n_embd)
+    w.add_block_count(hp.n_layer)
+    w.add_feed_forward_length(hp.n_ff)
+    w.add_head_count(hp.n_head)
+    w.add_head_count_kv(hp.n_head_kv)
+    if hp.arch == "llama":
+        w.add_rope_dimension_count(hp.n_rot)
+    else:
+        w.add_key_length(hp.n_embd_head)
+        w.add_value_length(hp.n_embd_head_v)
+    w.add_rope_freq_base(hp.rope_freq_base)
+    w.add_layer_norm_rms_eps(hp.f_norm_rms_eps)
+    w.add_vocab_size(hp.n_vocab)
+    if hp.n_swa:
+        w.add_sliding_window(hp.n_swa)
+        if hp.swa_layers != tuple(il for il in range(hp.n_layer) if il % 6 < 5):
+            w.add_array(f"{hp.arch}.attention.sliding_window_pattern",
+                        [il in hp.swa_layers for il in range(hp.n_layer)])
+    if hp.f_final_logit_softcapping:
+        w.add_float32(f"{hp.arch}.final_logit_softcapping",
+                      hp.f_final_logit_softcapping)
 
 # %% book/93_llama_product.ipynb #llama-writer-vocab
 def _bpe_cut(vocab, n):
@@ -108,8 +143,8 @@ def _bpe_cut(vocab, n):
 # %% book/93_llama_product.ipynb #67cee6cac349
 def _write_vocab(w, vocab, n):
     """The tokenizer.ggml.* keys llama.cpp's llama_vocab::load reads: SPM ("llama":
-    tokens, scores, types, BOS/EOS/UNK) or BPE ("gpt2": tokens, types, merges, the
-    pre-tokenizer, BOS/EOS, add_bos)."""
+    tokens, scores, types, BOS/EOS/UNK, add_space_prefix) or BPE ("gpt2": tokens,
+    types, merges, the pre-tokenizer, BOS/EOS, add_bos)."""
     if not isinstance(vocab, BPEVocab):
         w.add_tokenizer_model("llama")
         w.add_token_list(vocab.tokens[:n])
@@ -118,6 +153,8 @@ def _write_vocab(w, vocab, n):
         w.add_bos_token_id(vocab.bos)
         w.add_eos_token_id(vocab.eos)
         w.add_unk_token_id(vocab.unk)
+        if not vocab.add_space_prefix:          # Gemma's (llama.cpp's default: true)
+            w.add_add_space_prefix(False)
         return
     ids, merges = _bpe_cut(vocab, n)
     new_id = {old: new for new, old in enumerate(ids)}
