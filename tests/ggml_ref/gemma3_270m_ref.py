@@ -9,6 +9,9 @@ prompts, in tests/data/gemma3_270m_ref.npz and tests/data/gemma3_270m_ref.json:
 - the logits at every prompt position, computed as one batch, at a fixed sample of 4,096 token ids
   (the same for every row, stored as float16) plus each row's 64 largest (ids and float32
   values): the full rows are 262,144 floats each, too many to keep;
+- the log-sum-exp of every prompt row (so that probabilities can be read off the stored logits);
+- llama.cpp against itself: the largest NMSE between a prompt's logits computed as one batch and
+  the same logits computed one token at a time (other kernels: a gemm and a gemv);
 - 32 greedy steps one token at a time through the KV cache (llama.cpp's greedy: the first
   maximum): each step's chosen token, the gap between the two largest logits it was chosen from,
   and the 64 largest logits after it.
@@ -65,6 +68,9 @@ def peer(path, n_threads):
         top = np.argsort(-rows, axis=1, kind="stable")[:, :N_TOP]
         if sample:
             arrays[f"{key}_sample"] = rows[:, ids].astype(np.float16)
+            r64 = rows.astype(np.float64)
+            mx = r64.max(axis=1, keepdims=True)
+            arrays[f"{key}_lse"] = (mx[:, 0] + np.log(np.exp(r64 - mx).sum(axis=1))).astype(np.float32)
         arrays[f"{key}_top_ids"] = top.astype(np.int32)
         arrays[f"{key}_top"] = np.take_along_axis(rows, top, axis=1)
 
@@ -72,7 +78,16 @@ def peer(path, n_threads):
         llm.reset()
         tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
         llm.eval(tokens)
-        keep(llm.scores[:len(tokens)], f"p{i}_prompt")
+        batched = np.array(llm.scores[:len(tokens)], np.float64)
+        keep(batched, f"p{i}_prompt")
+        llm.reset()
+        one_by_one = []
+        for t in tokens:
+            llm.eval([t])
+            one_by_one.append(np.array(llm.scores[llm.n_tokens - 1], np.float64))
+        self_nmse = max(float(((a - b) ** 2).sum() / (a ** 2).sum()) for a, b in zip(batched, one_by_one))
+        llm.reset()
+        llm.eval(tokens)
         chosen, gaps, steps = [], [], []
         for _ in range(N_STEPS):
             row = np.array(llm.scores[llm.n_tokens - 1], np.float32)
@@ -85,7 +100,7 @@ def peer(path, n_threads):
         keep(steps, f"p{i}_steps", sample=False)
         text = llm.detokenize(chosen).decode("utf-8", errors="replace")
         meta["prompts"].append({"prompt": prompt, "tokens": tokens, "greedy": chosen, "gaps": gaps,
-                                "text": text})
+                                "text": text, "self_nmse": self_nmse})
         print(f"{prompt!r} -> {text!r}")
     return arrays, meta
 
