@@ -62,8 +62,8 @@ def _parse_args(argv):
             print(f"{self.prog}: error: {message}", file=sys.stderr)
             sys.exit(1)
     ap = OneLine(prog="python -m ggml_lite.llama",
-                 description="Generate text with a llama GGUF model.")
-    ap.add_argument("model", help="a llama GGUF file")
+                 description="Generate text with a GGUF model (llama or gemma3).")
+    ap.add_argument("model", help="a GGUF model file")
     ap.add_argument("-p", "--prompt", default="", help="the prompt")
     ap.add_argument("-n", "--n-predict", type=int, default=32,
                     help="tokens to generate (-1: until end of text or a full context)")
