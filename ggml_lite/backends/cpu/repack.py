@@ -263,13 +263,13 @@ def repack_q4_0_to_q4_0_8_bl(src, nrow, nblocks):
 
 def repack_optimal_type(t):
     """ggml_repack_get_optimal_repack_type, for ggml_lite's kernels on x86:
-    "q4_0_8x8_q8_0" for a Q4_0 tensor of ne[1] % 8 == 0 on a CPU with AVX2, else
-    None. (ggml 0.15.3 on AVX2 also takes Q4_K and IQ4_NL 8x8, MXFP4, and on AVX512
-    Q2_K; Q8_0 only on ARM and RISC-V: ggml_lite leaves those in the plain CPU
-    buffer.)"""
-    if t.type == Type.Q4_0 and t.ne[1] % 8 == 0 and _HAS_AVX2:
-        return "q4_0_8x8_q8_0"
-    return None
+    "q4_0_8x8_q8_0" for a Q4_0 tensor, "q4_K_8x8_q8_K" for a Q4_K one (below), of
+    ne[1] % 8 == 0 on a CPU with AVX2, else None. (ggml on AVX2 also takes IQ4_NL 8x8
+    and MXFP4, and on AVX512 Q2_K; Q8_0 only on ARM and RISC-V: ggml_lite leaves those
+    in the plain CPU buffer.)"""
+    if t.ne[1] % 8 != 0 or not _HAS_AVX2:
+        return None
+    return {Type.Q4_0: "q4_0_8x8_q8_0", Type.Q4_K: "q4_K_8x8_q8_K"}.get(t.type)
 
 
 # ggml_cpu_has_avx2() of a native build: numba's target (the kernels above run
@@ -366,6 +366,51 @@ REPACK_Q4_0_8X8 = CpuKernel(Op.MUL_MAT, "q4_0_8x8_q8_0", _prepare_repacked,
                             "Q4_0 weight repacked to block_q4_0x8; F32 activations",
                             _lower_repacked)
 
+# %% book/07c_backend_devices.ipynb #repack-q4k-kernel
+from ggml_lite.backends.cpu.repack_k import (quantize_src1_q8_K, repack_k_chunks,
+                                             repack_k_task_address,
+                                             repack_q4_K_to_q4_K_8_bl)
+
+
+def _prepare_repacked_k(node, p):
+    """The two tasks of the repack forward_mul_mat for a block_q4_Kx8 weight."""
+    a, b, d, wdata = node.src[0], p.view(node.src[1]), p.view(node), p.wdata
+    x = host_bytes(a, nbytes(a))
+    n, rs = a.ne[0], row_size(Type.Q8_K, a.ne[0])
+    counter = np.zeros(1, np.int64)
+
+    def convert(ith, nth):
+        quantize_src1_q8_K(b, wdata, rs, ith, nth)
+        if ith == 0:
+            counter[0] = nth
+
+    def chunks(ith, nth):
+        nchunk0, dr0 = repack_chunks(a.ne[1], nth)
+        repack_k_chunks(n, x, wdata, rs, d[0], nchunk0, dr0, counter, ith, nth)
+    return convert, chunks
+
+
+def _lower_repacked_k(node, p, nth):
+    """Its two rows of the compiled loop, or None (then called back)."""
+    a, b, d = node.src[0], p.view(node.src[1]), p.view(node)
+    if p.wdata is None or b.dtype != np.float32 or not d.flags.c_contiguous:
+        return None
+    x4, w4 = host_bytes(a, nbytes(a)).reshape(1, 1, 1, -1), p.wdata.reshape(1, 1, 1, -1)
+    nchunk0, dr0 = repack_chunks(a.ne[1], nth)
+    rs, slots = row_size(Type.Q8_K, a.ne[0]), (d, x4, b, w4)
+    return [(P.TASK_EXTRA, [repack_k_task_address("src1"), rs], slots, ()),
+            (P.TASK_EXTRA, [repack_k_task_address("chunks"), a.ne[0], rs, nchunk0, dr0],
+             slots, ())]
+
+
+REPACK_Q4_K_8X8 = CpuKernel(Op.MUL_MAT, "q4_K_8x8_q8_K", _prepare_repacked_k,
+                            lambda node, n: n,
+                            lambda node, n_tasks: row_size(Type.Q8_K,
+                                                           nelements(node.src[1])),
+                            _supports_repacked,
+                            "Q4_K weight repacked to block_q4_Kx8; F32 activations",
+                            _lower_repacked_k)
+
 # %% book/07c_backend_devices.ipynb #repack-buffer
 class _RepackBuffer(HostBuffer):
     """A CPU_REPACK buffer: host memory (ggml allocates it as a CPU buffer and swaps
@@ -387,10 +432,14 @@ class _RepackBuffer(HostBuffer):
         require(tensor.extra is not None, where,
                 f"no repacked layout for {tensor.type.name} tensor "
                 f"'{tensor.name}' of ne = {tensor.ne}", "OK == 0")
-        nblocks = tensor.ne[0] // QK
         start = self._start(tensor, 0, size, where)
-        self.host_array()[start:start + size] = repack_q4_0_to_q4_0_8_bl(
-            np.asarray(data[:size]), tensor.ne[1], nblocks)
+        if tensor.extra == "q4_K_8x8_q8_K":
+            packed = repack_q4_K_to_q4_K_8_bl(np.asarray(data[:size]), tensor.ne[1],
+                                              tensor.ne[0] // 256)
+        else:
+            packed = repack_q4_0_to_q4_0_8_bl(np.asarray(data[:size]), tensor.ne[1],
+                                              tensor.ne[0] // QK)
+        self.host_array()[start:start + size] = packed
 
     def get_tensor(self, tensor, data, offset, size):
         raise GGMLError("get_tensor: the CPU_REPACK buffer does not offer it (ggml: "
@@ -421,7 +470,8 @@ class _RepackExtra:
         buf0 = None if src0 is None else tensor_buffer(src0)
         if (op.op == Op.MUL_MAT and buf0 is not None and buf0.buft is _REPACK_BUFT
                 and src0.extra is not None):
-            return REPACK_Q4_0_8X8
+            return {"q4_0_8x8_q8_0": REPACK_Q4_0_8X8,
+                    "q4_K_8x8_q8_K": REPACK_Q4_K_8X8}[src0.extra]
         return None
 
 # %% book/07c_backend_devices.ipynb #3e8a5c2f90
