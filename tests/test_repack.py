@@ -251,27 +251,28 @@ def test_q4_K_gemm_and_gemv_orders_differ():
 
 
 def test_q4_K_repacked_layout():
-    """block_q4_Kx8 read back by hand: d, dmin, the 12-byte scale groups and the nibbles of each
-    of the 8 rows are where ggml's make_block_q4_Kx8 puts them."""
+    """block_q4_Kx8 read back by hand as ggml's make_block_q4_Kx8 writes it: the 8 rows' d, their
+    dmin, per sub-block s 12 bytes packing the 8 rows' 6-bit scales and mins as a block_q4_K packs
+    its 8 sub-blocks, then chunk c of 8 nibble bytes = bytes 8 * (c // 8) .. of row c % 8."""
     w = _q4_K_weight()
     rp = RK.repack_q4_K_to_q4_K_8_bl(w, NK, KK // 256).reshape(NK // 8, KK // 256, 1152)
-    assert rp.size * 1 == w.size
-    codes, sc, mn, d, dmin = _q4_K_parts(w, NK, KK)
-    q = np.empty((8, 256), np.int32)
-    s6, m6 = np.empty((8, 8), np.int32), np.empty((8, 8), np.int32)
+    assert rp.size == w.size
+    raw = w.reshape(NK, KK // 256, 144)
+    _, sc, mn, d, dmin = _q4_K_parts(w, NK, KK)
     for g in range(NK // 8):
         for b in range(KK // 256):
-            blk = rp[g, b]
-            rows = slice(8 * g, 8 * g + 8)
+            blk, rows = rp[g, b], slice(8 * g, 8 * g + 8)
             assert np.array_equal(blk[:16].view(np.float16).astype(np.float32), d[rows, b])
             assert np.array_equal(blk[16:32].view(np.float16).astype(np.float32), dmin[rows, b])
-            RK._unpack_q4_Kx8(blk, 0, q, s6, m6)
-            assert np.array_equal(q, codes[rows, b]) and np.array_equal(s6, sc[rows, b])
-            assert np.array_equal(m6, mn[rows, b])
-            # chunk c of 8 nibble bytes: bytes 8 * (c // 8) .. of row c % 8
-            raw = w.reshape(NK, KK // 256, 144)[rows, b, 16:]
-            for c in (0, 9, 77, 127):
-                assert np.array_equal(blk[128 + 8 * c:136 + 8 * c], raw[c % 8, 8 * (c // 8):8 * (c // 8) + 8])
+            for sub in range(8):
+                q = blk[32 + 12 * sub:44 + 12 * sub].astype(np.int64)
+                for r in range(8):               # row r where a block_q4_K has sub-block r
+                    s6 = q[r] & 63 if r < 4 else (q[r + 4] & 15) | ((q[r - 4] >> 6) << 4)
+                    m6 = q[r + 4] & 63 if r < 4 else (q[r + 4] >> 4) | ((q[r] >> 6) << 4)
+                    assert (s6, m6) == (sc[8 * g + r, b, sub], mn[8 * g + r, b, sub])
+            for c in range(128):
+                assert np.array_equal(blk[128 + 8 * c:136 + 8 * c],
+                                      raw[8 * g + c % 8, b, 16 + 8 * (c // 8):24 + 8 * (c // 8)])
 
 
 def test_q4_K_activation_rows_in_groups_of_4_take_plus_amax():

@@ -3,7 +3,7 @@
 
 __all__ = []
 
-# %% book/07c_backend_devices.ipynb #repack-k-layout
+# %% book/07c_backend_devices.ipynb #repack-simd
 from functools import cache
 
 import numpy as np
@@ -15,9 +15,93 @@ from numba.extending import intrinsic
 from ggml_lite.backends.cpu import program as P
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.atomics import atomic_store
-from ggml_lite.backends.cpu.qdots import f32_at, fp16_at
+from ggml_lite.backends.cpu.qdots import f32_at
+from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload,
+                                         vload_f16, vpairs, vstore_f32, vzero)
 from ggml_lite.quants import QK_K, nearest_int, put_f32, quantize_row_q8_K_ref
 
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_V8I32 = ir.VectorType(_I32, 8)
+
+
+def _x86(builder, name, ret, args):
+    """A call of the LLVM intrinsic `name` (declared in the module on first use)."""
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name),
+                        args)
+
+
+def _item_pointer(context, builder, aryty, ary, i, ptrty):
+    """A pointer to a[i] of a numba array, cast to ptrty."""
+    a = context.make_array(aryty)(context, builder, ary)
+    return builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, a, [i]),
+                           ptrty)
+
+
+@intrinsic
+def vxor(typingctx, v, k):
+    """Every lane of v xor the constant k."""
+    if not (isinstance(v, Vec) and isinstance(k, types.IntegerLiteral)):
+        return None
+    bits = v.dtype.bitwidth
+    c = k.literal_value % (1 << bits)
+    # the same bits as a signed constant
+    c = c - (1 << bits) if c >= 1 << (bits - 1) else c
+
+    def codegen(context, builder, sig, args):
+        return builder.xor(args[0], ir.Constant(args[0].type, [c] * v.count))
+    return v(v, k), codegen
+
+
+@intrinsic
+def vbcast8(typingctx, a, i):
+    """The 8 bytes a[i:i+8] of a uint8 array four times over, as Vec(int8 x 32): one
+    8-byte load broadcast (vpbroadcastq), the activations that meet four weight rows'
+    bytes in one register."""
+    if not (isinstance(a, types.Array) and a.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        q = builder.load(_item_pointer(context, builder, sig.args[0], args[0], args[1],
+                                       _I64.as_pointer()), align=1)
+        v4 = ir.VectorType(_I64, 4)
+        one = builder.insert_element(ir.Constant(v4, ir.Undefined), q, _I32(0))
+        four = builder.shuffle_vector(one, ir.Constant(v4, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, 4), [0] * 4))
+        return builder.bitcast(four, ir.VectorType(_I8, 32))
+    return Vec(types.int8, 32)(a, i), codegen
+
+# %% book/07c_backend_devices.ipynb #7d3e9b2a41
+@intrinsic
+def vdot4_acc(typingctx, acc, a, b):
+    """acc + (the 32 unsigned bytes a times the int8 b, summed in fours): vpdpbusd with
+    AVX512-VNNI, pmaddubsw + pmaddwd + add with AVX2, plain IR elsewhere. Exact here:
+    a < 16, no saturation."""
+    if not (isinstance(acc, Vec) and acc.dtype == types.int32 and acc.count == 8
+            and isinstance(a, Vec) and a.count == 32 and a.dtype == types.uint8
+            and isinstance(b, Vec) and b.dtype == types.int8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, x, y = args
+        if AVX512_VNNI:
+            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32,
+                        [s, builder.bitcast(x, _V8I32), builder.bitcast(y, _V8I32)])
+        if AVX2:
+            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw",
+                     ir.VectorType(ir.IntType(16), 16), [x, y])
+            return builder.add(s, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32,
+                                       [ir.Constant(p.type, [1] * 16), p]))
+        wide = ir.VectorType(_I32, 32)
+        pr = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
+        quads = [builder.shuffle_vector(pr, ir.Constant(wide, ir.Undefined),
+                                        ir.Constant(_V8I32, list(range(k, 32, 4))))
+                 for k in range(4)]
+        return builder.add(s, builder.add(builder.add(quads[0], quads[1]),
+                                          builder.add(quads[2], quads[3])))
+    return acc(acc, a, b), codegen
+
+# %% book/07c_backend_devices.ipynb #repack-k-layout
 # block_q4_Kx8: 8 fp16 d, 8 fp16 dmin, 96 bytes of scales and mins, 1024 of nibbles;
 # block_q8_K: f32 d, 256 int8, 16 int16 bsums
 Q4_KX8_BYTES, Q8_K_BYTES = 1152, 292
@@ -49,98 +133,101 @@ def repack_q4_K_to_q4_K_8_bl(src, nrow, nblocks):
 
 # %% book/07c_backend_devices.ipynb #repack-k-unpack
 @intrinsic
-def _fmaf(typingctx, a, b, c):
-    """a * b + c in float32, rounded once (llvm.fma.f32: vfmadd where the CPU has FMA,
-    the same bits from software elsewhere)."""
-    if not all(t == types.float32 for t in (a, b, c)):
+def _vfma(typingctx, a, b, c):
+    """a * b + c lane by lane, float32, rounded once (llvm.fma: vfmadd231ps where the
+    CPU has FMA, the same bits from software elsewhere)."""
+    if not (isinstance(a, Vec) and a.dtype == types.float32 and a == b == c):
         return None
 
     def codegen(context, builder, sig, args):
-        f = ir.FloatType()
-        fn = cgutils.get_or_insert_function(builder.module,
-                                            ir.FunctionType(f, [f] * 3), "llvm.fma.f32")
+        t = context.get_value_type(sig.args[0])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(t, [t] * 3), f"llvm.fma.v{a.count}f32")
         return builder.call(fn, args)
-    return types.float32(a, b, c), codegen
+    return a(a, b, c), codegen
+
+
+@intrinsic
+def _vload_i32x8(typingctx, a, i):
+    """a[i:i+8] of an int32 array as Vec(int32 x 8)."""
+    if not (isinstance(a, types.Array) and a.dtype == types.int32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_item_pointer(context, builder, sig.args[0], args[0],
+                                          args[1], _V8I32.as_pointer()), align=4)
+    return Vec(types.int32, 8)(a, i), codegen
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _unpack_q4_Kx8(x, o, q, sc, mn):
-    """The block_q4_Kx8 at x[o]: q[r, i] the code (0..15) of element i of row r;
-    sc[r, s], mn[r, s] the 6-bit scale and min of sub-block s of row r."""
-    for s in range(8):
-        p = o + 32 + 12 * s
-        for r in range(4):
-            sc[r, s], mn[r, s] = x[p + r] & 63, x[p + r + 4] & 63
-            sc[r + 4, s] = (x[p + r + 8] & 15) | ((x[p + r] >> 6) << 4)
-            mn[r + 4, s] = (x[p + r + 8] >> 4) | ((x[p + r + 4] >> 6) << 4)
-    for c in range(128):        # chunk c: row c % 8, its nibble bytes 8 * (c // 8) ..
-        r, t, p = c % 8, c // 8, o + 128 + 8 * c
-        e0 = 64 * (t // 4) + 8 * (t % 4)   # low nibbles: sub-block 2 * (t // 4)
-        for e in range(8):
-            q[r, e0 + e], q[r, e0 + 32 + e] = x[p + e] & 15, x[p + e] >> 4
+def _scales_q4_Kx8(x, o, nb, sc, mn):
+    """The 6-bit scales and mins of the nb block_q4_Kx8 from x[o] on: sc[64 * b + 8 * s
+    + r] for super-block b, sub-block s, row r (so that 8 rows are one load)."""
+    for b in range(nb):
+        for s in range(8):
+            p, k = o + b * Q4_KX8_BYTES + 32 + 12 * s, 64 * b + 8 * s
+            for r in range(4):
+                sc[k + r], mn[k + r] = x[p + r] & 63, x[p + r + 4] & 63
+                sc[k + r + 4] = (x[p + r + 8] & 15) | ((x[p + r] >> 6) << 4)
+                mn[k + r + 4] = (x[p + r + 8] >> 4) | ((x[p + r + 4] >> 6) << 4)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _q8_K_block(y, yo, a, bs):
-    """The block_q8_K at y[yo]: its 256 codes into a, its 16 bsums added in pairs (one
-    per sub-block of 32) into bs."""
-    for i in range(QK_K):
-        a[i] = np.int32(np.int8(y[yo + 4 + i]))
-    for s in range(8):
-        t = 0
-        for h in range(2):
-            p = yo + 260 + 4 * s + 2 * h
-            v = np.int32(y[p]) | (np.int32(y[p + 1]) << 8)
-            t += (v ^ 0x8000) - 0x8000
-        bs[s] = t
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _pair_dots(x, p, y, ya):
+    """The 8 rows' int32 dots of one pair of sub-blocks, the 256 nibble bytes at x[p],
+    with the 64 block_q8_K codes at y[ya]: (low nibbles, sub-block 2m; high, 2m + 1).
+    Bytes 64t .. 64t + 63 hold 8 bytes of each row; each meets 8 activation bytes
+    broadcast (vbcast8) in a four-way dot, two lanes per row, added in pairs."""
+    z = vzero(np.int32, 8)
+    a, b, c, d = z, z, z, z
+    for t in range(4):
+        u0, u1 = vload(x, p + 64 * t, 32), vload(x, p + 64 * t + 32, 32)
+        lo, hi = vbcast8(y, ya + 8 * t), vbcast8(y, ya + 32 + 8 * t)
+        a, b = vdot4_acc(a, u0 & 15, lo), vdot4_acc(b, u1 & 15, lo)
+        c, d = vdot4_acc(c, u0 >> 4, hi), vdot4_acc(d, u1 >> 4, hi)
+    return vpairs(vcat(a, b)), vpairs(vcat(c, d))
 
 # %% book/07c_backend_devices.ipynb #repack-k-gemm
 @njit(cache=True, nogil=True, error_model="numpy")
-def gemm_q4_K_8x8_q8_K(n, x, y, rs, out, g0, g1, j0, j1, jg):
+def gemm_q4_K_8x8_q8_K(n, x, xh, y, rs, out, g0, g1, j0, j1, jg):
     """ggml_gemm_q4_K_8x8_q8_K and ggml_gemv_q4_K_8x8_q8_K as ggml's x86 code computes
-    them: out[j, 8g:8g+8] for the weight groups g in [g0, g1) (block_q4_Kx8 in x) and
-    the activation rows j in [j0, j1) (block_q8_K rows of rs bytes in y). Rows j < jg:
-    the gemm's fma per pair of sub-blocks; the others: the gemv's, per super-block."""
+    them: out[j, 8g:8g+8] for the weight groups g in [g0, g1) (block_q4_Kx8 in x, its
+    uint16 view xh) and the activation rows j in [j0, j1) (block_q8_K rows of rs bytes
+    in y), one float32 lane per weight row. Rows j < jg: the gemm's fma per pair of
+    sub-blocks; the others: the gemv's, per super-block. out = acc - accm."""
     nb = n // QK_K
-    q, a = np.empty((8, QK_K), np.int32), np.empty(QK_K, np.int32)
-    sc, mn = np.empty((8, 8), np.int32), np.empty((8, 8), np.int32)
-    dots, bs = np.empty((8, 8), np.int32), np.empty(8, np.int32)
-    acc = np.empty((j1 - j0, 8), np.float32)
-    accm = np.empty((j1 - j0, 8), np.float32)
+    sc, mn = np.empty(64 * nb, np.int32), np.empty(64 * nb, np.int32)
+    bs = np.empty(8, np.int32)
+    zf, zi = vzero(np.float32, 8), vzero(np.int32, 8)
     for g in range(g0, g1):
-        acc[:], accm[:] = 0, 0
-        for b in range(nb):
-            o = (g * nb + b) * Q4_KX8_BYTES
-            _unpack_q4_Kx8(x, o, q, sc, mn)
-            for j in range(j0, j1):
-                yo, k = j * rs + b * Q8_K_BYTES, j - j0
-                _q8_K_block(y, yo, a, bs)
-                for r in range(8):
-                    for s in range(8):
-                        t = 0
-                        for i in range(32 * s, 32 * s + 32):
-                            t += q[r, i] * a[i]
-                        dots[r, s] = t
-                yd = f32_at(y, yo)
-                for r in range(8):
-                    dd = fp16_at(x, o + 2 * r) * yd
-                    dm = fp16_at(x, o + 16 + 2 * r) * yd
-                    if j < jg:                   # the gemm: per pair of sub-blocks
-                        for s in range(0, 8, 2):
-                            isum = sc[r, s] * dots[r, s] + sc[r, s + 1] * dots[r, s + 1]
-                            imin = mn[r, s] * bs[s] + mn[r, s + 1] * bs[s + 1]
-                            acc[k, r] = _fmaf(np.float32(isum), dd, acc[k, r])
-                            accm[k, r] = _fmaf(np.float32(imin), dm, accm[k, r])
-                    else:                        # the gemv: per super-block
-                        isum, imin = 0, 0
-                        for s in range(8):
-                            isum += sc[r, s] * dots[r, s]
-                            imin += mn[r, s] * bs[s]
-                        acc[k, r] = _fmaf(np.float32(isum), dd, acc[k, r])
-                        accm[k, r] = _fmaf(np.float32(imin), dm, accm[k, r])
+        _scales_q4_Kx8(x, g * nb * Q4_KX8_BYTES, nb, sc, mn)
         for j in range(j0, j1):
-            for r in range(8):
-                out[j, 8 * g + r] = acc[j - j0, r] - accm[j - j0, r]
+            acc, accm = zf, zf
+            for b in range(nb):
+                o, yo = (g * nb + b) * Q4_KX8_BYTES, j * rs + b * Q8_K_BYTES
+                for s in range(8):          # bsums of the 8 sub-blocks of 32
+                    p = yo + 260 + 4 * s
+                    v0 = np.int32(y[p]) | (np.int32(y[p + 1]) << 8)
+                    v1 = np.int32(y[p + 2]) | (np.int32(y[p + 3]) << 8)
+                    bs[s] = ((v0 ^ 0x8000) - 0x8000) + ((v1 ^ 0x8000) - 0x8000)
+                yd = f32_at(y, yo)
+                dd, dm = vload_f16(xh, o // 2, 8) * yd, vload_f16(xh, o // 2 + 8, 8) * yd
+                isum, imin = zi, zi
+                for m in range(4):
+                    lo, hi = _pair_dots(x, o + 128 + 256 * m, y, yo + 4 + 64 * m)
+                    k = 64 * b + 16 * m
+                    i2 = _vload_i32x8(sc, k) * lo + _vload_i32x8(sc, k + 8) * hi
+                    m2 = (_vload_i32x8(mn, k) * bs[2 * m]
+                          + _vload_i32x8(mn, k + 8) * bs[2 * m + 1])
+                    if j < jg:              # the gemm: per pair of sub-blocks
+                        acc = _vfma(vfloat(i2), dd, acc)
+                        accm = _vfma(vfloat(m2), dm, accm)
+                    else:
+                        isum, imin = isum + i2, imin + m2
+                if j >= jg:                 # the gemv: per super-block
+                    acc = _vfma(vfloat(isum), dd, acc)
+                    accm = _vfma(vfloat(imin), dm, accm)
+            vstore_f32(out[j], 8 * g, acc - accm)
 
 # %% book/07c_backend_devices.ipynb #repack-k-src1
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -190,7 +277,7 @@ def quantize_src1_q8_K(b, w, rs, ith, nth):
 
 # %% book/07c_backend_devices.ipynb #repack-k-tasks
 @njit(cache=True, nogil=True, error_model="numpy")
-def repack_k_chunks(n, x, w, rs, d, nchunk0, dr0, counter, ith, nth):
+def repack_k_chunks(n, x, xh, w, rs, d, nchunk0, dr0, counter, ith, nth):
     """The chunk loop of ggml's repack forward_mul_mat for block_q4_Kx8 weights (x):
     as 07c's for Q4_0, with the gemm for the first ne11 - ne11 % 4 rows of a plane.
     d: dst [ne12, ne11, ne01]; w: src1 as block_q8_K rows of rs bytes."""
@@ -201,7 +288,7 @@ def repack_k_chunks(n, x, w, rs, d, nchunk0, dr0, counter, ith, nth):
         s0, e0 = dr0 * i0, min(dr0 * i0 + dr0, ne01)
         s0, e0 = -(-s0 // 8) * 8, min(-(-e0 // 8) * 8, ne01)
         if s0 < e0:
-            gemm_q4_K_8x8_q8_K(n, x, w[i12 * ne11 * rs:(i12 + 1) * ne11 * rs], rs,
+            gemm_q4_K_8x8_q8_K(n, x, xh, w[i12 * ne11 * rs:(i12 + 1) * ne11 * rs], rs,
                                d[i12], s0 // 8, e0 // 8, 0, ne11, ne11 - ne11 % 4)
         c = V.atomic_fetch_add(counter, 0, 1)
 
@@ -229,8 +316,8 @@ def _src1_task(prog_addr, rows, k, state_addr, ith, nth):
 def _chunks_task(prog_addr, rows, k, state_addr, ith, nth):
     """The same slots; ARG: address, n, Q8_K row size, nchunk0, dr0."""
     prog, state = _views(prog_addr, rows, state_addr)
-    a = P.ARG
-    repack_k_chunks(prog[k, a + 1], P.slot_view(prog, k, 1, np.uint8)[0, 0, 0],
+    a, x = P.ARG, P.slot_view(prog, k, 1, np.uint8)[0, 0, 0]
+    repack_k_chunks(prog[k, a + 1], x, x.view(np.uint16),
                     P.slot_view(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
                     P.slot_view(prog, k, 0, np.float32)[0], prog[k, a + 3],
                     prog[k, a + 4], state[P.CURRENT_CHUNK:P.CURRENT_CHUNK + 1], ith, nth)
