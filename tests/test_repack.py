@@ -292,3 +292,19 @@ def test_q4_K_activation_rows_in_groups_of_4_take_plus_amax():
     assert (d[:4] < 0).all() and d[4] > 0         # -127 / (+9) versus -127 / (-9)
     q = w.reshape(5, rs)[:, 4:260].view(np.int8)
     assert (q[:4, 200] == -127).all() and q[4, 200] == 127
+
+
+@needs_avx2
+@pytest.mark.parametrize("m", [3, 9])
+def test_q4_K_python_tasks_are_the_compiled_loops(m):
+    """With no row for the compiled loop (lower answers None), the kernel's two Python tasks
+    (_prepare_repacked_k) run, and give the same bits."""
+    x = _activations(m, seed=9)
+    _, _, compiled = _q4_K_product(x, R.backend_cpu_repack_buffer_type(), 2)
+    kernel, lower = R.REPACK_Q4_K_8X8, R.REPACK_Q4_K_8X8.lower
+    object.__setattr__(kernel, "lower", lambda node, p, nth: None)
+    try:
+        _, _, called_back = _q4_K_product(x, R.backend_cpu_repack_buffer_type(), 2)
+    finally:
+        object.__setattr__(kernel, "lower", lower)
+    assert np.array_equal(compiled.view(np.uint32), called_back.view(np.uint32))

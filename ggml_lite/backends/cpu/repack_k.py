@@ -3,7 +3,7 @@
 
 __all__ = []
 
-# %% book/07c_backend_devices.ipynb #repack-simd
+# %% book/07c_backend_devices.ipynb #repack-k-imports
 from functools import cache
 
 import numpy as np
@@ -14,7 +14,6 @@ from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import program as P
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.atomics import atomic_store
 from ggml_lite.backends.cpu.qdots import f32_at
 from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload,
                                          vload_f16, vpairs, vstore_f32, vzero)
@@ -23,7 +22,7 @@ from ggml_lite.quants import QK_K, nearest_int, put_f32, quantize_row_q8_K_ref
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V8I32 = ir.VectorType(_I32, 8)
 
-
+# %% book/07c_backend_devices.ipynb #repack-simd
 def _x86(builder, name, ret, args):
     """A call of the LLVM intrinsic `name` (declared in the module on first use)."""
     fnty = ir.FunctionType(ret, [a.type for a in args])
@@ -211,7 +210,8 @@ def gemm_q4_K_8x8_q8_K(n, x, xh, y, rs, out, g0, g1, j0, j1, jg):
                     v1 = np.int32(y[p + 2]) | (np.int32(y[p + 3]) << 8)
                     bs[s] = ((v0 ^ 0x8000) - 0x8000) + ((v1 ^ 0x8000) - 0x8000)
                 yd = f32_at(y, yo)
-                dd, dm = vload_f16(xh, o // 2, 8) * yd, vload_f16(xh, o // 2 + 8, 8) * yd
+                dd = vload_f16(xh, o // 2, 8) * yd
+                dm = vload_f16(xh, o // 2 + 8, 8) * yd
                 isum, imin = zi, zi
                 for m in range(4):
                     lo, hi = _pair_dots(x, o + 128 + 256 * m, y, yo + 4 + 64 * m)
@@ -308,8 +308,8 @@ def _src1_task(prog_addr, rows, k, state_addr, ith, nth):
     quantize_src1_q8_K(P.slot_view(prog, k, 2, np.float32),
                        P.slot_view(prog, k, 3, np.uint8)[0, 0, 0], prog[k, P.ARG + 1],
                        ith, nth)
-    if ith == 0:
-        atomic_store(state, P.CURRENT_CHUNK, nth)
+    if ith == 0:       # the chunk counter; the loop's barrier publishes it
+        state[P.CURRENT_CHUNK] = nth
     return 0
 
 
@@ -320,7 +320,8 @@ def _chunks_task(prog_addr, rows, k, state_addr, ith, nth):
     repack_k_chunks(prog[k, a + 1], x, x.view(np.uint16),
                     P.slot_view(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
                     P.slot_view(prog, k, 0, np.float32)[0], prog[k, a + 3],
-                    prog[k, a + 4], state[P.CURRENT_CHUNK:P.CURRENT_CHUNK + 1], ith, nth)
+                    prog[k, a + 4], state[P.CURRENT_CHUNK:P.CURRENT_CHUNK + 1],
+                    ith, nth)
     return 0
 
 
