@@ -732,6 +732,25 @@ def test_weights_placed_as_llama_cpp_does():
     assert max(nmse(logits[i], REF["q4_0_prompt"][i]) for i in range(len(logits))) == 0.0
 
 
+def test_q4_k_logits_are_llama_cpps_bits():
+    """The q4_k file's Q4_K matrices go to CPU_REPACK (block_q4_Kx8, 07c) as llama.cpp places them
+    on an AVX2 CPU, and the repacked gemm/gemv keep ggml's float order: the prompt's logits are the
+    fixture's (recorded with an AVX2 build) bit for bit. The one-token steps agree to 1e-12 (two of
+    the twelve differ in their last bits)."""
+    from ggml_lite.backends.cpu import repack
+    if not repack._HAS_AVX2:
+        pytest.skip("CPU_REPACK takes Q4_K only where numba targets AVX2 (ggml_cpu_has_avx2)")
+    m, info = model("q4_k"), META["models"]["q4_k"]
+    where = _buft_names(m)
+    assert {m.weights[n].type for n, b in where.items() if b == "CPU_REPACK"} == {Type.Q4_K}
+    assert where["token_embd.weight"] == "CPU"                   # read by GET_ROWS
+    logits = m.eval(info["prompt_tokens"])
+    assert max(nmse(logits[i], REF["q4_k_prompt"][i]) for i in range(len(logits))) == 0.0
+    n = len(info["prompt_tokens"])
+    errs = [nmse(m.eval([tok], n_past=n + k)[0], REF["q4_k_steps"][k])
+            for k, tok in enumerate(info["greedy"][:12])]
+    assert max(errs) <= 1e-12, errs
+
 def test_weight_buft_supported_asks_the_device():
     import ggml_lite as ggml
     from ggml_lite.llama import buft as B

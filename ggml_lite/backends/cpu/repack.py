@@ -5,17 +5,15 @@ __all__ = ['backend_cpu_repack_buffer_type']
 
 # %% book/07c_backend_devices.ipynb #repack-imports
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from ggml_lite.backend import BackendBufferType, backend_cpu_buffer_type
 from ggml_lite.backend_buffer import HostBuffer, host_bytes
 from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vdot, vfloat,
-                                         vload, vload_f16, vmaddubs, vpairs, vsplat2,
+from ggml_lite.backends.cpu.repack_k import vbcast8, vdot4_acc, vxor
+from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, vcat, vdot, vfloat, vload,
+                                         vload_f16, vmaddubs, vpairs, vsplat2,
                                          vstore_f32, vzero)
 from ggml_lite.backends.cpu.table import CpuKernel
 from ggml_lite.backends.cpu.vec import fp16_at
@@ -27,86 +25,6 @@ from ggml_lite.types import Type, row_size
 
 # block_q4_0x8: 8 fp16 scales (16 bytes), then 128 bytes of nibbles
 QK, BLOCK_Q4_0X8 = 32, 144
-_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-_V8I32 = ir.VectorType(_I32, 8)
-
-# %% book/07c_backend_devices.ipynb #repack-simd
-def _x86(builder, name, ret, args):
-    """A call of the LLVM intrinsic `name` (declared in the module on first use)."""
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name),
-                        args)
-
-
-def _item_pointer(context, builder, aryty, ary, i, ptrty):
-    """A pointer to a[i] of a numba array, cast to ptrty."""
-    a = context.make_array(aryty)(context, builder, ary)
-    return builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, a, [i]),
-                           ptrty)
-
-
-@intrinsic
-def _vxor(typingctx, v, k):
-    """Every lane of v xor the constant k."""
-    if not (isinstance(v, Vec) and isinstance(k, types.IntegerLiteral)):
-        return None
-    bits = v.dtype.bitwidth
-    c = k.literal_value % (1 << bits)
-    # the same bits as a signed constant
-    c = c - (1 << bits) if c >= 1 << (bits - 1) else c
-
-    def codegen(context, builder, sig, args):
-        return builder.xor(args[0], ir.Constant(args[0].type, [c] * v.count))
-    return v(v, k), codegen
-
-
-@intrinsic
-def _vbcast8(typingctx, a, i):
-    """The 8 bytes a[i:i+8] of a uint8 array four times over, as Vec(int8 x 32): one
-    8-byte load broadcast (vpbroadcastq), the activations that meet four weight rows'
-    bytes in one register."""
-    if not (isinstance(a, types.Array) and a.dtype == types.uint8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        q = builder.load(_item_pointer(context, builder, sig.args[0], args[0], args[1],
-                                       _I64.as_pointer()), align=1)
-        v4 = ir.VectorType(_I64, 4)
-        one = builder.insert_element(ir.Constant(v4, ir.Undefined), q, _I32(0))
-        four = builder.shuffle_vector(one, ir.Constant(v4, ir.Undefined),
-                                      ir.Constant(ir.VectorType(_I32, 4), [0] * 4))
-        return builder.bitcast(four, ir.VectorType(_I8, 32))
-    return Vec(types.int8, 32)(a, i), codegen
-
-# %% book/07c_backend_devices.ipynb #7d3e9b2a41
-@intrinsic
-def _vdot4_acc(typingctx, acc, a, b):
-    """acc + (the 32 unsigned bytes a times the int8 b, summed in fours): vpdpbusd with
-    AVX512-VNNI, pmaddubsw + pmaddwd + add with AVX2, plain IR elsewhere. Exact here:
-    a < 16, no saturation."""
-    if not (isinstance(acc, Vec) and acc.dtype == types.int32 and acc.count == 8
-            and isinstance(a, Vec) and a.count == 32 and a.dtype == types.uint8
-            and isinstance(b, Vec) and b.dtype == types.int8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        s, x, y = args
-        if AVX512_VNNI:
-            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32,
-                        [s, builder.bitcast(x, _V8I32), builder.bitcast(y, _V8I32)])
-        if AVX2:
-            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw",
-                     ir.VectorType(ir.IntType(16), 16), [x, y])
-            return builder.add(s, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32,
-                                       [ir.Constant(p.type, [1] * 16), p]))
-        wide = ir.VectorType(_I32, 32)
-        pr = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
-        quads = [builder.shuffle_vector(pr, ir.Constant(wide, ir.Undefined),
-                                        ir.Constant(_V8I32, list(range(k, 32, 4))))
-                 for k in range(4)]
-        return builder.add(s, builder.add(builder.add(quads[0], quads[1]),
-                                          builder.add(quads[2], quads[3])))
-    return acc(acc, a, b), codegen
 
 # %% book/07c_backend_devices.ipynb #repack-row8
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -116,13 +34,13 @@ def _row8(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, y, yo, ysum):
     lo0/lo2/hi0/hi2, rows 4-7 from lo1/lo3/hi1/hi3; each 32-bit lane sums 4 products of
     one row, adjacent lanes added give the 8 rows in order; minus 8 * sum(y), since a
     code is the signed value plus 8."""
-    y0, y1, y2, y3 = (_vbcast8(y, yo + 2), _vbcast8(y, yo + 10), _vbcast8(y, yo + 18),
-                      _vbcast8(y, yo + 26))
+    y0, y1, y2, y3 = (vbcast8(y, yo + 2), vbcast8(y, yo + 10), vbcast8(y, yo + 18),
+                      vbcast8(y, yo + 26))
     if AVX512_VNNI:                      # vpdpbusd adds into int32 at no extra cost
         z = vzero(np.int32, 8)
-        a = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo0, y0), lo2, y1), hi0, y2),
+        a = vdot4_acc(vdot4_acc(vdot4_acc(vdot4_acc(z, lo0, y0), lo2, y1), hi0, y2),
                        hi2, y3)
-        b = _vdot4_acc(_vdot4_acc(_vdot4_acc(_vdot4_acc(z, lo1, y0), lo3, y1), hi1, y2),
+        b = vdot4_acc(vdot4_acc(vdot4_acc(vdot4_acc(z, lo1, y0), lo3, y1), hi1, y2),
                        hi3, y3)
     else:   # pmaddubsw pairs added in int16 (four fit: 4 * 2 * 15 * 128 < 2**15), then
         one = vsplat2(1, 1, 16)          # one pmaddwd to int32: 16 instructions, not 24
@@ -151,8 +69,8 @@ def _block_sums(y, rs, nb, j0, j1):
 def _unpack(x, o):
     """The 128 nibble bytes of the block_q4_0x8 at x[o] back to codes 0..15 (xor 0x88),
     as four 32-byte vectors of low nibbles and four of high ones."""
-    u0, u1 = _vxor(vload(x, o + 16, 32), 0x88), _vxor(vload(x, o + 48, 32), 0x88)
-    u2, u3 = _vxor(vload(x, o + 80, 32), 0x88), _vxor(vload(x, o + 112, 32), 0x88)
+    u0, u1 = vxor(vload(x, o + 16, 32), 0x88), vxor(vload(x, o + 48, 32), 0x88)
+    u2, u3 = vxor(vload(x, o + 80, 32), 0x88), vxor(vload(x, o + 112, 32), 0x88)
     return u0 & 15, u1 & 15, u2 & 15, u3 & 15, u0 >> 4, u1 >> 4, u2 >> 4, u3 >> 4
 
 # %% book/07c_backend_devices.ipynb #repack-gemm
@@ -263,13 +181,13 @@ def repack_q4_0_to_q4_0_8_bl(src, nrow, nblocks):
 
 def repack_optimal_type(t):
     """ggml_repack_get_optimal_repack_type, for ggml_lite's kernels on x86:
-    "q4_0_8x8_q8_0" for a Q4_0 tensor of ne[1] % 8 == 0 on a CPU with AVX2, else
-    None. (ggml 0.15.3 on AVX2 also takes Q4_K and IQ4_NL 8x8, MXFP4, and on AVX512
-    Q2_K; Q8_0 only on ARM and RISC-V: ggml_lite leaves those in the plain CPU
-    buffer.)"""
-    if t.type == Type.Q4_0 and t.ne[1] % 8 == 0 and _HAS_AVX2:
-        return "q4_0_8x8_q8_0"
-    return None
+    "q4_0_8x8_q8_0" for a Q4_0 tensor, "q4_K_8x8_q8_K" for a Q4_K one (below), of
+    ne[1] % 8 == 0 on a CPU with AVX2, else None. (ggml on AVX2 also takes IQ4_NL 8x8
+    and MXFP4, and on AVX512 Q2_K; Q8_0 only on ARM and RISC-V: ggml_lite leaves those
+    in the plain CPU buffer.)"""
+    if t.ne[1] % 8 != 0 or not _HAS_AVX2:
+        return None
+    return {Type.Q4_0: "q4_0_8x8_q8_0", Type.Q4_K: "q4_K_8x8_q8_K"}.get(t.type)
 
 
 # ggml_cpu_has_avx2() of a native build: numba's target (the kernels above run
@@ -366,6 +284,52 @@ REPACK_Q4_0_8X8 = CpuKernel(Op.MUL_MAT, "q4_0_8x8_q8_0", _prepare_repacked,
                             "Q4_0 weight repacked to block_q4_0x8; F32 activations",
                             _lower_repacked)
 
+# %% book/07c_backend_devices.ipynb #repack-q4k-kernel
+from ggml_lite.backends.cpu.repack_k import (quantize_src1_q8_K, repack_k_chunks,
+                                             repack_k_task_address,
+                                             repack_q4_K_to_q4_K_8_bl)
+
+
+def _prepare_repacked_k(node, p):
+    """The two tasks of the repack forward_mul_mat for a block_q4_Kx8 weight."""
+    a, b, d, wdata = node.src[0], p.view(node.src[1]), p.view(node), p.wdata
+    x = host_bytes(a, nbytes(a))
+    n, rs = a.ne[0], row_size(Type.Q8_K, a.ne[0])
+    counter = np.zeros(1, np.int64)
+
+    def convert(ith, nth):
+        quantize_src1_q8_K(b, wdata, rs, ith, nth)
+        if ith == 0:
+            counter[0] = nth
+
+    def chunks(ith, nth):
+        nchunk0, dr0 = repack_chunks(a.ne[1], nth)
+        repack_k_chunks(n, x, x.view(np.uint16), wdata, rs, d[0], nchunk0, dr0,
+                        counter, ith, nth)
+    return convert, chunks
+
+
+def _lower_repacked_k(node, p, nth):
+    """Its two rows of the compiled loop, or None (then called back)."""
+    a, b, d = node.src[0], p.view(node.src[1]), p.view(node)
+    if p.wdata is None or b.dtype != np.float32 or not d.flags.c_contiguous:
+        return None
+    x4, w4 = host_bytes(a, nbytes(a)).reshape(1, 1, 1, -1), p.wdata.reshape(1, 1, 1, -1)
+    nchunk0, dr0 = repack_chunks(a.ne[1], nth)
+    rs, slots = row_size(Type.Q8_K, a.ne[0]), (d, x4, b, w4)
+    return [(P.TASK_EXTRA, [repack_k_task_address("src1"), rs], slots, ()),
+            (P.TASK_EXTRA, [repack_k_task_address("chunks"), a.ne[0], rs, nchunk0, dr0],
+             slots, ())]
+
+
+REPACK_Q4_K_8X8 = CpuKernel(Op.MUL_MAT, "q4_K_8x8_q8_K", _prepare_repacked_k,
+                            lambda node, n: n,
+                            lambda node, n_tasks: row_size(Type.Q8_K,
+                                                           nelements(node.src[1])),
+                            _supports_repacked,
+                            "Q4_K weight repacked to block_q4_Kx8; F32 activations",
+                            _lower_repacked_k)
+
 # %% book/07c_backend_devices.ipynb #repack-buffer
 class _RepackBuffer(HostBuffer):
     """A CPU_REPACK buffer: host memory (ggml allocates it as a CPU buffer and swaps
@@ -387,10 +351,14 @@ class _RepackBuffer(HostBuffer):
         require(tensor.extra is not None, where,
                 f"no repacked layout for {tensor.type.name} tensor "
                 f"'{tensor.name}' of ne = {tensor.ne}", "OK == 0")
-        nblocks = tensor.ne[0] // QK
         start = self._start(tensor, 0, size, where)
-        self.host_array()[start:start + size] = repack_q4_0_to_q4_0_8_bl(
-            np.asarray(data[:size]), tensor.ne[1], nblocks)
+        if tensor.extra == "q4_K_8x8_q8_K":
+            packed = repack_q4_K_to_q4_K_8_bl(np.asarray(data[:size]), tensor.ne[1],
+                                              tensor.ne[0] // 256)
+        else:
+            packed = repack_q4_0_to_q4_0_8_bl(np.asarray(data[:size]), tensor.ne[1],
+                                              tensor.ne[0] // QK)
+        self.host_array()[start:start + size] = packed
 
     def get_tensor(self, tensor, data, offset, size):
         raise GGMLError("get_tensor: the CPU_REPACK buffer does not offer it (ggml: "
@@ -421,7 +389,8 @@ class _RepackExtra:
         buf0 = None if src0 is None else tensor_buffer(src0)
         if (op.op == Op.MUL_MAT and buf0 is not None and buf0.buft is _REPACK_BUFT
                 and src0.extra is not None):
-            return REPACK_Q4_0_8X8
+            return {"q4_0_8x8_q8_0": REPACK_Q4_0_8X8,
+                    "q4_K_8x8_q8_K": REPACK_Q4_K_8X8}[src0.extra]
         return None
 
 # %% book/07c_backend_devices.ipynb #3e8a5c2f90
