@@ -14,7 +14,7 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.common import cpu_fp32_to_fp16
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
-from ggml_lite.backends.cpu.qdots import (f32_at, fp16_at, u32_at,
+from ggml_lite.backends.cpu.qdots import (f32_at, fp16_at, prefetch_byte, u32_at,
                                           vec_dot_q2_K_q8_K, vec_dot_q3_K_q8_K,
                                           vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1,
                                           vec_dot_q5_K_q8_K)
@@ -310,43 +310,69 @@ def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
              type_size(vdt), ith, nth)
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk
+# how far ahead of the row being computed the weights are asked for, in bytes
+_PREFETCH_BYTES = 10240
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _prefetch_row(x, r):
+    """Ask for the cache lines of row r of the 2-D weight bytes x (those of the last
+    byte when r is past the end)."""
+    rs = x.strides[0]
+    o, last = r * rs, (x.shape[0] - 1) * rs + x.shape[1] - 1
+    for c in range(0, x.shape[1], 64):
+        prefetch_byte(x, min(o + c, last))
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _vec_dot_rows(t, n, x, r0, r1, y, out):
     """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is looked
     up once per call, and each branch is a loop around one kernel, pasted in (a type
-    test and a call per row cost about 10 %)."""
+    test and a call per row cost about 10 %). Each row first asks for the row
+    _PREFETCH_BYTES further on (_prefetch_row)."""
+    ahead = max(1, _PREFETCH_BYTES // x.strides[0])
     if t == _Q4_0:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q4_0_q8_0(n, x[r], y)
     elif t == _Q4_1:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q4_1_q8_1(n, x[r], y)
     elif t == _Q8_0:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q8_0_q8_0(n, x[r], y)
     elif t == _Q4_K:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q4_K_q8_K(n, x[r], y)
     elif t == _Q5_0:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q5_0_q8_0(n, x[r], y)
     elif t == _Q5_1:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q5_1_q8_1(n, x[r], y)
     elif t == _Q2_K:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q2_K_q8_K(n, x[r], y)
     elif t == _Q3_K:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q3_K_q8_K(n, x[r], y)
     elif t == _Q5_K:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q5_K_q8_K(n, x[r], y)
     else:
         for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
             out[r] = vec_dot_q6_K_q8_K(n, x[r], y)
 
-
+# %% book/05_cpu_kernels.ipynb #kern-chunk-flt
 def _vec_dot_flt(t, n, x, y):
     """The float dot of the storage: F32 arrays, or F16/BF16 bits as t says."""
 
