@@ -50,18 +50,30 @@ def vec_dot_f32(n, x, y):
     return s
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _f32x8_reduce(t):
+    """GGML_F32x8_REDUCE on the four accumulators, held as two of 16 lanes: their
+    lanes added (l + l+8), the two 128-bit halves added, then two _mm_hadd_ps, which
+    add neighbours first: (a0 + a1) + (a2 + a3), not hsum_float_8's a0 + a2 first."""
+    a0 = (vget(t, 0) + vget(t, 8)) + (vget(t, 4) + vget(t, 12))
+    a1 = (vget(t, 1) + vget(t, 9)) + (vget(t, 5) + vget(t, 13))
+    a2 = (vget(t, 2) + vget(t, 10)) + (vget(t, 6) + vget(t, 14))
+    a3 = (vget(t, 3) + vget(t, 11)) + (vget(t, 7) + vget(t, 15))
+    return (a0 + a1) + (a2 + a3)
+
+
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")  # as the q dots
 def vec_dot_f16(n, x, y):
     """ggml_vec_dot_f16 on the uint16 bits of two fp16 rows: 32 at a time, widened by
-    the hardware (vload_f16) into two accumulators of 16 float32 lanes; the lanes
-    summed, then the last n % 32 products added in double (ggml's ggml_float sumf) and
-    the sum rounded to float."""
+    the hardware (vload_f16) into two accumulators of 16 float32 lanes (ggml's four of
+    8); the lanes reduced as GGML_F32x8_REDUCE does, then the last n % 32 products
+    added in double (ggml's ggml_float sumf) and the sum rounded to float."""
     s0, s1 = vzero(np.float32, 16), vzero(np.float32, 16)
     np32 = n - n % 32
     for i in range(0, np32, 32):
         s0 += vload_f16(x, i, 16) * vload_f16(y, i, 16)
         s1 += vload_f16(x, i + 16, 16) * vload_f16(y, i + 16, 16)
-    sumf = np.float64(vsum(s0 + s1))
+    sumf = np.float64(_f32x8_reduce(s0 + s1))
     for i in range(np32, n):
         sumf += np.float64(_F16_TABLE[x[i]] * _F16_TABLE[y[i]])
     return np.float32(sumf)
