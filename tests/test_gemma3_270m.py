@@ -34,14 +34,16 @@ META = json.loads((DATA / "gemma3_270m_ref.json").read_text(encoding="utf-8"))
 PROMPTS = META["prompts"]
 NMSE_LIMIT = 5e-3
 NEAR_TIE = 0.1
-# Known gap, the same on every machine (ggml_lite's kernels give the same bits everywhere): the
-# prompts' logits are llama.cpp's (AVX2 build) bit for bit, but after a prompt of 16 or more tokens
-# the decode steps are not: from the first step, kqv (V times the softmax, F16) differs from
-# llama.cpp's in the last bits with identical inputs, and the model's large activations grow that
-# to NMSE 1e-3..3e-2 within a few layers. Greedy text then parts from llama.cpp's at a step where
-# its two best logits are 0.1..0.5 apart. Strict: a fix turns these into failures to remove.
-DECODE_GAP = pytest.mark.xfail(strict=True, reason="decode steps after a prompt of >= 16 tokens "
-                               "differ from llama.cpp's in the last bits (kqv), amplified by the model")
+# Known gap, the same on every machine (ggml_lite's kernels give the same bits everywhere): every
+# prompt's logits are llama.cpp's (AVX2 build) bit for bit, and so are the decode steps after the
+# short prompts; after prompts 2, 3 and 4 the decode steps are not. There llama.cpp computing the
+# whole graph (as it does normally) differs in the last bits from llama.cpp computing the same
+# graph node by node (with an eval callback), which ggml_lite matches bit for bit; the model's large
+# activations grow that to NMSE 2e-4..3e-2 on the top logits, and greedy text parts from
+# llama.cpp's at a step where its two best logits are 0.1..0.5 apart. Where in llama.cpp's whole-
+# graph compute the difference arises is not found yet. Strict: a fix turns these into failures.
+DECODE_GAP = pytest.mark.xfail(strict=True, reason="decode steps after prompts 2-4 differ from "
+                               "llama.cpp's whole-graph compute in the last bits, amplified by the model")
 
 
 def known_gap(ids):

@@ -42,9 +42,16 @@ def _libm_f32(f):
 
 
 _tanhf, _expf = _libm_f32(np.tanh), _libm_f32(np.exp)
-# ggml_gelu_f32
+def _fma_f32(a, b, c):
+    """fmaf(a, b, c) on float32 arrays: the product exact in double, one rounding."""
+    return (a.astype(np.float64) * b + c).astype(np.float32)
+
+
+# ggml_gelu_f32, as an x86 build with FMA compiles it: the compiler contracts
+# 1.0f + GELU_COEF_A*x*x into fmaf(GELU_COEF_A*x, x, 1.0f), which moves some entries
+# of the table by one fp16 step
 _GELU_F16 = _fp16_table(lambda x: np.float32(0.5) * x * (np.float32(1.0) + _tanhf(
-    _SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x))))
+    _SQRT_2_OVER_PI * x * _fma_f32(_GELU_COEF_A * x, x, np.float32(1.0)))))
 # ggml_gelu_quick_f32
 _GELU_QUICK_F16 = _fp16_table(
     lambda x: x * (np.float32(1.0) / (np.float32(1.0) + _expf(_GELU_QUICK_COEF * x))))
