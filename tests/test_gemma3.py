@@ -24,6 +24,23 @@ MODELS = list(META["models"])
 LIMIT = {name: 1e-6 if name == "f32" else 5e-4 for name in MODELS}
 
 
+_files = {}
+
+
+def gemma3_file(name):
+    """The test model, written by the package's writer into a temporary directory (once per
+    run): the files are not stored. Its bytes must be the ones llama.cpp's fixture ran on."""
+    if name not in _files:
+        import hashlib
+        import tempfile
+        path = llama.writer.write_gemma3_test_model(
+            Path(tempfile.mkdtemp()) / f"gemma3_{name}.gguf", DATA / "llama_vocab_spm.gguf",
+            Type[name.upper()])
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == META["files"][name]["sha256"]
+        _files[name] = path
+    return _files[name]
+
+
 def nmse(a, b):
     return float(((a.astype(np.float64) - b) ** 2).sum() / (b.astype(np.float64) ** 2).sum())
 
@@ -34,7 +51,7 @@ _loaded = {}
 def model(name, **kw):
     key = (name, tuple(sorted(kw.items())))
     if key not in _loaded:
-        _loaded[key] = llama.load(DATA / f"gemma3_{name}.gguf", n_ctx=META["n_ctx"], n_threads=2,
+        _loaded[key] = llama.load(gemma3_file(name), n_ctx=META["n_ctx"], n_threads=2,
                                   progress=False, **kw)
     return _loaded[key]
 
@@ -49,7 +66,7 @@ def test_the_file_has_every_feature():
     assert hp.n_head_kv < hp.n_head and hp.n_embd_head * hp.n_head != hp.n_embd
     assert list(m.w(0, "attn_q").ne[:2]) == [hp.n_embd, hp.n_embd_head * hp.n_head]
     assert list(m.w(0, "attn_output").ne[:2]) == [hp.n_embd_head * hp.n_head, hp.n_embd]
-    assert "output.weight" not in {t.name for t in gguf.GGUFReader(str(DATA / "gemma3_f32.gguf")).tensors}
+    assert "output.weight" not in {t.name for t in gguf.GGUFReader(str(gemma3_file("f32"))).tensors}
     assert (hp.rope_freq_base, hp.rope_freq_base_swa) == (1e6, 1e4)
     assert hp.f_attention_scale == pytest.approx(1 / np.sqrt(hp.n_embd_head), rel=1e-15)
     assert hp.f_final_logit_softcapping == 0.0
@@ -80,7 +97,7 @@ def test_the_window_matters():
     causal one): the logits of the positions inside the window are llama.cpp's bit for bit as
     before, those past it are not."""
     tokens = META["models"]["f32"]["prompt_tokens"]
-    m = llama.load(DATA / "gemma3_f32.gguf", n_ctx=META["n_ctx"], n_threads=2, progress=False)
+    m = llama.load(gemma3_file("f32"), n_ctx=META["n_ctx"], n_threads=2, progress=False)
     windowed = m.eval(tokens)
     m.hparams = llama.LlamaHParams(**{**m.hparams.__dict__, "n_swa": 10**6})
     m.last_graph = None
@@ -131,7 +148,7 @@ def test_decode_reuses_one_graph_with_both_masks(monkeypatch):
     import ggml_lite.sched as sched_module
     tokens = META["models"]["q8_0"]["prompt_tokens"]
     greedy = META["models"]["q8_0"]["greedy"]
-    m = llama.load(DATA / "gemma3_q8_0.gguf", n_ctx=META["n_ctx"], n_threads=1, progress=False)
+    m = llama.load(gemma3_file("q8_0"), n_ctx=META["n_ctx"], n_threads=1, progress=False)
     counts = dict(build=0, alloc=0)
     _count(monkeypatch, llama, "build_graph", counts, "build")
     _count(monkeypatch, sched_module, "gallocr_alloc_graph", counts, "alloc")
@@ -145,7 +162,7 @@ def test_decode_reuses_one_graph_with_both_masks(monkeypatch):
         assert nmse(row, REF["q8_0_steps"][i]) <= 5e-4, i
     monkeypatch.undo()
     monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "1")
-    m2 = llama.load(DATA / "gemma3_q8_0.gguf", n_ctx=META["n_ctx"], n_threads=1, progress=False)
+    m2 = llama.load(gemma3_file("q8_0"), n_ctx=META["n_ctx"], n_threads=1, progress=False)
     m2.eval(tokens, logits_all=False)
     rebuilt = [m2.eval([t], n_past=len(tokens) + i)[0] for i, t in enumerate(greedy)]
     assert m2.timings["n_reused"] == 0 and np.array_equal(np.stack(rows), np.stack(rebuilt))
@@ -186,7 +203,7 @@ def test_tokenizer_matches_llama_cpp(key):
 
 
 def test_writer_writes_gemma3_keys():
-    r = gguf.GGUFReader(str(DATA / "gemma3_q8_0.gguf"))
+    r = gguf.GGUFReader(str(gemma3_file("q8_0")))
     f = lambda k: r.fields[k].contents()
     assert f("general.architecture") == "gemma3"
     assert (f("gemma3.attention.key_length"), f("gemma3.attention.value_length")) == (32, 32)
@@ -208,7 +225,7 @@ def test_writer_round_trip_of_an_unusual_pattern(tmp_path):
 # --- the loader's errors: a copy of the good file with one thing changed ----------------------
 
 def rewrite(dst, drop_keys=(), set_keys=None, drop_tensors=(), retype=None):
-    r = gguf.GGUFReader(str(DATA / "gemma3_f32.gguf"))
+    r = gguf.GGUFReader(str(gemma3_file("f32")))
     w = gguf.GGUFWriter(str(dst), "gemma3")
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
@@ -300,7 +317,7 @@ def test_cuda_and_cpu_through_the_scheduler(name):
     cuda = ggml.backend_init_by_name("CUDA0")
     if cuda is None:
         pytest.skip("no CUDA device here")
-    m = llama.load(DATA / f"gemma3_{name}.gguf", n_ctx=META["n_ctx"], n_threads=1, progress=False,
+    m = llama.load(gemma3_file(name), n_ctx=META["n_ctx"], n_threads=1, progress=False,
                    backends=[cuda, ggml.backend_cpu_init()])
     info = META["models"][name]
     logits = m.eval(info["prompt_tokens"])
@@ -308,3 +325,9 @@ def test_cuda_and_cpu_through_the_scheduler(name):
     for step, tok in enumerate(info["greedy"][:8]):
         row = m.eval([tok], n_past=len(logits) + step)
         assert nmse(row[0], REF[f"{name}_steps"][step]) <= 5e-4, step
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_writer_remakes_the_files_llama_cpp_ran_on(name):
+    path = gemma3_file(name)                      # asserts the sha256 the fixture recorded
+    assert path.stat().st_size == META["files"][name]["bytes"]

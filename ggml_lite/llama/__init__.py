@@ -430,4 +430,5 @@ def _max_nodes(n_tensors):
 from ggml_lite.llama.vocab import (Vocab, llama_read_vocab, llama_vocab_eog,
                                    load_vocab)
 from ggml_lite.llama.sampling import sample_token
+from ggml_lite.llama import writer
 from ggml_lite.llama.writer import write_llama_gguf

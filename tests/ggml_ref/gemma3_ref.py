@@ -2,33 +2,37 @@
 
 Two halves, one file (as llama_ref.py):
 
-1. With the project's venv (ggml_lite importable), it writes tests/data/gemma3_f32.gguf and
-   tests/data/gemma3_q8_0.gguf with ggml_lite.llama.write_llama_gguf: seeded random weights, six
+1. With the project's venv (ggml_lite importable), it writes gemma3_f32.gguf and gemma3_q8_0.gguf
+   into a temporary directory with ggml_lite.llama.writer.write_gemma3_test_model (chapter 93; the
+   files are not stored: the writer remakes them, byte for byte, wherever they are needed): six
    layers (layers 0-4 slide, layer 5 is global: llama.cpp's pattern of 6), a sliding window of
    N_SWA = 5 cells (the prompt alone is longer), grouped-query attention (2 query heads, 1 KV head),
    heads key_length = 32 wide while n_embd = 32 (attn_q is [32, 64], attn_output [64, 32]), a global
    RoPE base of 1e6 (the sliding layers take llama.cpp's 10000), a tied head (no output.weight),
    and a SentencePiece vocabulary without the space prefix: the first 382 tokens of llama.cpp's
    SPM test vocabulary (tests/data/llama_vocab_spm.gguf: <unk> <s> </s>, the 256 byte tokens, the
-   first merges) and two control tokens, <start_of_turn> (382) and <end_of_turn> (383). Then it
-   runs its second half under the Python that has llama-cpp-python:
+   first merges) and two control tokens, <start_of_turn> (382) and <end_of_turn> (383), with
+   seeded random weights. Then it runs its second half under the Python that has llama-cpp-python:
 
        PYTHONPATH=. .venv/bin/python tests/ggml_ref/gemma3_ref.py --llama-python /path/to/venv/bin/python
 
 2. Under llama-cpp-python (`--peer DIR`): for each file the prompt's tokens and logits at every
    position, then N_STEPS greedy steps one token at a time through the KV cache (prompt and steps
    run far past the window); the tokenization (plain, with BOS, with special tokens parsed) and
-   detokenization of test strings; and which token ids llama.cpp counts as end of generation.
-   Writes tests/data/gemma3_ref.npz and tests/data/gemma3_ref.json.
+   detokenization of test strings; which token ids llama.cpp counts as end of generation; and the
+   size and sha256 of each file it ran on (the tests check that the writer still makes those
+   bytes). Writes tests/data/gemma3_ref.npz and tests/data/gemma3_ref.json.
 
 llama.cpp runs as in llama_ref.py: CPU, flash attention off, F16 KV cache, one thread, its default
 full-size SWA cache (swa_full), so that a token's cell is its position; an AMX build is refused.
 """
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,39 +41,23 @@ from llama_ref import refuse_amx_build  # noqa: E402
 PROMPT = "The quick brown fox jumps over the lazy dog"
 N_STEPS = 24
 N_CTX = 64
-N_SWA = 5
+N_SWA = 5            # the writer's GEMMA3_TEST_HPARAMS["n_swa"], checked in write_models
 MODELS = {"f32": "F32", "q8_0": "Q8_0"}
-HPARAMS = dict(arch="gemma3", n_vocab=384, n_ctx_train=256, n_embd=32, n_layer=6, n_ff=64,
-               n_head=2, n_head_kv=1, n_rot=32, key_length=32, value_length=32, f_norm_rms_eps=1e-6,
-               rope_freq_base=1e6, n_swa=N_SWA, swa_layers=(0, 1, 2, 3, 4))
-CONTROL = ["<start_of_turn>", "<end_of_turn>"]
 STRINGS = ["", " ", "a", "Hello world", " Hello world", "  two spaces", "line\nbreak", "The the there",
            "Ünïcödé", "😀", "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
            "x<end_of_turn>y", "<s>not special</s>", PROMPT]
 
 
-def gemma_vocab(spm_path, n_vocab):
-    """llama.cpp's SPM test vocabulary cut to n_vocab - 2 tokens, Gemma's two turn markers after
-    them as control tokens, and no space prefix (Gemma's add_space_prefix = false)."""
-    from ggml_lite.llama import Vocab, load_vocab
-    v = load_vocab(spm_path)
-    n = n_vocab - len(CONTROL)
-    return Vocab(v.tokens[:n] + [t.encode() for t in CONTROL], v.scores[:n] + [0.0] * len(CONTROL),
-                 v.types[:n] + [3] * len(CONTROL), bos=v.bos, eos=v.eos, unk=v.unk, add_space_prefix=False)
-
-
-def write_models(data):
-    from ggml_lite.llama import LlamaHParams, write_llama_gguf
+def write_models(out, data):
+    from ggml_lite.llama.writer import GEMMA3_TEST_HPARAMS, write_gemma3_test_model
     from ggml_lite.types import Type
-    hp = LlamaHParams(**HPARAMS)
-    vocab = gemma_vocab(data / "llama_vocab_spm.gguf", hp.n_vocab)
+    assert GEMMA3_TEST_HPARAMS["n_swa"] == N_SWA
     for name, wtype in MODELS.items():
-        path = data / f"gemma3_{name}.gguf"
-        write_llama_gguf(path, hp, vocab, Type[wtype], seed=30, tied=True)
+        path = write_gemma3_test_model(out / f"gemma3_{name}.gguf", data / "llama_vocab_spm.gguf", Type[wtype])
         print(f"{path}: {path.stat().st_size} bytes")
 
 
-def peer(data):
+def peer(models, data):
     import ctypes
 
     import llama_cpp
@@ -79,7 +67,10 @@ def peer(data):
                         "llama_cpp_python": llama_cpp.__version__,
                         "system_info": llama_cpp.llama_print_system_info().decode().strip(), "models": {}}
     for name in MODELS:
-        llm = llama_cpp.Llama(model_path=str(data / f"gemma3_{name}.gguf"), n_ctx=N_CTX, n_batch=N_CTX,
+        path = models / f"gemma3_{name}.gguf"
+        meta.setdefault("files", {})[name] = {"bytes": path.stat().st_size,
+                                              "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX,
                               logits_all=True, flash_attn=False, n_threads=1, verbose=False, seed=0)
         tokens = llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
         assert N_SWA < len(tokens) and len(tokens) + N_STEPS <= N_CTX
@@ -125,17 +116,18 @@ def peer(data):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peer", metavar="DIR", help="(second half) run llama.cpp on the files in DIR")
+    ap.add_argument("--out", help="(second half) where the fixtures go")
     ap.add_argument("--llama-python", default=os.environ.get("LLAMA_CPP_PYTHON"),
                     help="a Python with llama-cpp-python 0.3.36 (or $LLAMA_CPP_PYTHON)")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1] / "data"))
     args = ap.parse_args()
     if args.peer:
-        return peer(Path(args.peer))
+        return peer(Path(args.peer), Path(args.out))
     if not args.llama_python:
         ap.error("--llama-python is needed")
-    data = Path(args.data)
-    write_models(data)
-    subprocess.run([args.llama_python, __file__, "--peer", str(data)], check=True)
+    data, models = Path(args.data), Path(tempfile.mkdtemp())
+    write_models(models, data)
+    subprocess.run([args.llama_python, __file__, "--peer", str(models), "--out", str(data)], check=True)
 
 
 if __name__ == "__main__":
