@@ -332,7 +332,7 @@ MMVQ_TYPE(GGML_TYPE_Q5_K, QK_K, QI5_K, VDR_Q5_K_Q8_1_MMVQ, vec_dot_q5_K_q8_1)
 MMVQ_TYPE(GGML_TYPE_Q6_K, QK_K, QI6_K, VDR_Q6_K_Q8_1_MMVQ, vec_dot_q6_K_q8_1)
 
 // %% book/11_cuda.ipynb #cu-mmvq-cu-3
-// ggml's MMVQ_PARAMETERS_GENERIC table (NVIDIA from Ampere on): warps per block and
+// ggml's MMVQ_PARAMETERS_GENERIC table (every NVIDIA card but Turing): warps per block and
 // rows per block
 static constexpr __host__ __device__ int mmvq_nwarps(int ncols_dst) {
     return ncols_dst <= 4 ? 4 : 2;
