@@ -203,8 +203,9 @@ def rpc_serialize_graph(device, cgraph):
 
 # %% book/10_rpc.ipynb #rpc-client-buffer
 def _needs_server_init(tensor):
-    """ggml's rule for INIT_TENSOR and GET_ALLOC_SIZE: only quantized rows that are not
-    a multiple of 512 (a CUDA server pads them) are worth a round trip."""
+    """ggml's rule for INIT_TENSOR (and, with FLASH_ATTN_EXT and MUL_MAT_ID nodes, for
+    GET_ALLOC_SIZE): only quantized rows that are not a multiple of 512 (a CUDA server
+    pads them), of tensors that are not views, are worth a round trip."""
     return (
         is_quantized(tensor.type)
         and tensor.ne[0] % 512 != 0
