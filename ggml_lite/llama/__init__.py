@@ -413,8 +413,9 @@ def _weight_plan(reader, expected, backends, layers):
             backend = layers[-1].backend
         named[name] = (backend, t, ne)
     if "output.weight" not in named:
-        # tied head: llama.cpp's TENSOR_DUPLICATED, a second copy of token_embd
-        # loaded as the output tensor (MUL_MAT, so CPU_REPACK where it can take it)
+        # tied head: llama.cpp's TENSOR_DUPLICATED, token_embd loaded as the output
+        # tensor (MUL_MAT, so CPU_REPACK where it can take it). llama.cpp shares the
+        # tensor when both land in one buffer type; here it is always a second copy
         _, t, ne = named["token_embd.weight"]
         named["output.weight"] = (layers[-1].backend, t, ne)
         records["output.weight"] = records["token_embd.weight"]

@@ -20,7 +20,7 @@ from ggml_lite.types import Type
 
 # %% book/12_llama.ipynb #c12b1a2c3d02
 # LLM_TENSOR_INFOS for the llama and gemma3 tensors: the op that reads each weight (a
-# tied head is a second copy of token_embd, loaded as "output": MUL_MAT)
+# tied head is token_embd asked for again, as "output": MUL_MAT)
 LLAMA_WEIGHT_OPS = {"token_embd": Op.GET_ROWS, "output_norm": Op.MUL,
                     "output": Op.MUL_MAT, "attn_norm": Op.MUL, "attn_q": Op.MUL_MAT,
                     "attn_k": Op.MUL_MAT, "attn_v": Op.MUL_MAT,

@@ -51,7 +51,8 @@ class LlamaGraph:
         """llm_graph_result::can_reuse: the graph parameters allow it (allow_reuse: the
         same ubatch shape and n_outputs) and every input can take the new ubatch (each
         input's can_reuse: the same token count and out_ids, KQ masks of the same shape,
-        KV index inputs of the same length)."""
+        the K index input of n_tokens; stricter than llama.cpp, whose V index check is
+        commented out, this also checks the V index input's length)."""
         if n_tokens != self.n_tokens or n_outputs != self.n_outputs:
             return False
         return (self.tokens.ne[0] == n_tokens and self.pos.ne[0] == n_tokens
