@@ -171,7 +171,7 @@ def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
     (tinyBLAS_Q0, tiled by mnpack; k counts blocks there). It declines a single column
     (n < 2: "only enable sgemm for prompt processing"), any C but F32, A and B of other
     type pairs than F32 x F32, F16 x F16 and Q8_0 x Q8_0 (ggml also takes BF16 x BF16
-    and Q4_0/Q4_1/Q5_0/IQ4_NL x Q8_0: not in ggml_lite), and, for the float types, k not
+    and Q4_0/Q5_0/IQ4_NL x Q8_0, no Q4_1: not in ggml_lite), and, for the float types, k not
     a multiple of the vector width and m not a multiple of 4."""
     if n < 2 or ctype != Type.F32:
         return None
