@@ -254,6 +254,15 @@ def test_bad_keys(tmp_path):
     assert "layer_norm_rms_epsilon = -1.0 must be a positive number" in msg
 
 
+def test_llama_ignores_attention_scale_like_llama_cpp(tmp_path):
+    # llama_model_llama::load_arch_hparams (llama.cpp src/models/llama.cpp) does not read
+    # llama.attention.scale: f_attention_scale stays 0 and K·Q is scaled by 1/sqrt(n_embd_head)
+    from ggml_lite.llama.file import llama_read_hparams
+    f32 = gguf.GGUFValueType.FLOAT32
+    p = rewrite(tmp_path / "s.gguf", set_keys={"llama.attention.scale": (0.5, f32)})
+    assert llama_read_hparams(gguf.GGUFReader(str(p))).f_attention_scale == 0.0
+
+
 def test_bad_tensors(tmp_path):
     assert "missing tensor 'blk.1.ffn_down.weight'" in load_error(
         rewrite(tmp_path / "a.gguf", drop_tensors=["blk.1.ffn_down.weight"]))

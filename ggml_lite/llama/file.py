@@ -278,8 +278,9 @@ def llm_load_hparams(reader, arch):
 
 # %% book/93_llama_product.ipynb #llama-read-hparams-llama
 def llama_read_hparams(reader):
-    """llama_model_llama::load_arch_hparams: the shared keys, then llama's own checks
-    and its attention.scale."""
+    """llama_model_llama::load_arch_hparams: the shared keys, then llama's own checks.
+    llama.attention.scale is not read, as in llama.cpp: the K·Q scale is
+    1/sqrt(n_embd_head)."""
     hp = llm_load_hparams(reader, "llama")
     n_embd, n_head = hp["n_embd"], hp["n_head"]
     if n_embd % n_head:
@@ -292,8 +293,7 @@ def llama_read_hparams(reader):
     _llama_refuse_unsupported(reader, n_embd, n_head)
     # llama's heads are n_embd / n_head wide: the defaults
     hp.update(key_length=0, value_length=0)
-    return LlamaHParams(**hp, f_attention_scale=float(
-        llama_key(reader, "llama.attention.scale", LLAMA_FLOAT, False, 0.0)))
+    return LlamaHParams(**hp, f_attention_scale=0.0)
 
 # %% book/93_llama_product.ipynb #5b59ac93847b
 def _llama_refuse_unsupported(reader, n_embd, n_head):

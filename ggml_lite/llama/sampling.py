@@ -14,8 +14,8 @@ def _softmax(x):
 # %% book/93_llama_product.ipynb #llama-sample
 def sample_token(logits, temperature=0.0, top_k=40, top_p=0.95, rng=None):
     """The next token: the argmax when temperature <= 0 (llama.cpp's greedy sampler: the
-    first maximum), else llama.cpp's chain top-k -> top-p -> temperature -> a draw from
-    rng."""
+    first maximum), else llama.cpp's default chain without its min-p step: top-k ->
+    top-p -> temperature -> a draw from rng."""
     logits = np.asarray(logits, np.float32)
     if temperature <= 0:
         return int(np.argmax(logits))
