@@ -180,7 +180,8 @@ class Backend(ABC):
         """The name ("CPU", "BLAS", "CUDA0", ...)."""
 
     def free(self):
-        """Release the stream's resources (threads, work memory) (optional)."""
+        """Release the stream's resources (threads, work memory). Required in ggml,
+        whose ggml_backend_free calls it unchecked; here a default that does nothing."""
 
     def set_tensor_async(self, tensor, data, offset, size):
         """Queue a host-to-tensor copy (optional; default: a blocking copy)."""
@@ -317,7 +318,7 @@ class BackendReg(ABC):
     def get_device(self, index):
         """Device number index."""
 
-    def get_procaddress(self, name):
+    def get_proc_address(self, name):
         """An extension function by its ggml name, e.g.
         "ggml_backend_set_n_threads", or None (optional)."""
         return None
