@@ -28,9 +28,8 @@ from ggml_lite.types import blck_size, is_quantized, type_name, type_size
 _log = logging.getLogger("ggml_lite.backend")
 
 # %% book/07b_backend_streams.ipynb #backend-check-access
-def _check_access(t, offset, size, where, verb):
-    """ggml's three asserts of tensor_set/get/memset, with the numbers; the tensor's
-    buffer."""
+def _check_buffer_set(t, where):
+    """ggml's first assert of tensor_set/get/memset: the tensor's buffer."""
     tensor_check_alive(t, where)
     buf = tensor_buffer(t)
     require(
@@ -42,6 +41,13 @@ def _check_access(t, offset, size, where, verb):
             "in a context's own pool is read and written with t.numpy()"
         ),
     )
+    return buf
+
+
+def _check_access(t, offset, size, where, verb):
+    """ggml's three asserts of tensor_set/get/memset, with the numbers; the tensor's
+    buffer."""
+    buf = _check_buffer_set(t, where)
     buffer_check_alive(buf, where)
     require(t.data, where, lambda: f"tensor '{t.name}' is not allocated (data is NULL)")
     n = nbytes(t)
@@ -165,7 +171,8 @@ def backend_tensor_set(tensor, data, offset=0, size=None):
         f"data has {size} bytes, tensor '{tensor.name}' has {nbytes(tensor)} "
         "(pass offset and size for a partial write)",
     )
-    if size == 0:
+    if size == 0:                 # ggml asserts the buffer first, then returns
+        _check_buffer_set(tensor, where)
         return
     buf = _check_access(tensor, offset, size, where, "write")
     buf.set_tensor(tensor, raw, offset, size)
@@ -189,7 +196,9 @@ def backend_tensor_get(tensor, data=None, offset=0, size=None):
     else:
         out = as_bytes(data, where, writable=True)
         size = _copy_size(tensor, out, offset, size, where, "read")
-    if size != 0:
+    if size == 0:                 # ggml asserts the buffer first, then returns
+        _check_buffer_set(tensor, where)
+    else:
         buf = _check_access(tensor, offset, size, where, "read")
         buf.get_tensor(tensor, out, offset, size)
     return out if data is None else data

@@ -379,11 +379,24 @@ def test_unallocated_tensors_raise():
         ggml.backend_tensor_set(p, np.zeros(4, np.float32))
 
 
-def test_zero_size_writes_return_before_checks_like_ggml():
+def test_zero_size_copies_check_the_buffer_first_like_ggml():
+    # ggml_backend_tensor_set/_get assert "tensor buffer not set" before their size-0
+    # return; ggml_backend_tensor_memset returns for size 0 before any check
     ctx = nctx()
-    t = ggml.new_tensor_1d(ctx, Type.F32, 4)           # not allocated
-    ggml.backend_tensor_set(t, b"", offset=0, size=0)
+    t = ggml.set_name(ggml.new_tensor_1d(ctx, Type.F32, 4), "z")   # no buffer
+    with pytest.raises(GGMLError, match="'z' has no buffer"):
+        ggml.backend_tensor_set(t, b"", offset=0, size=0)
+    with pytest.raises(GGMLError, match="'z' has no buffer"):
+        ggml.backend_tensor_get(t, bytearray(0), offset=0, size=0)
+    with pytest.raises(GGMLError, match="'z' has no buffer"):
+        ggml.backend_tensor_get(t, offset=0, size=0)
     ggml.backend_tensor_memset(t, 0, offset=0, size=0)
+    _, buf, _ = placed((4, 1))
+    t.buffer = buf                         # a buffer, but not allocated (data NULL)
+    ggml.backend_tensor_set(t, b"", offset=0, size=0)   # the remaining asserts come later
+    assert ggml.backend_tensor_get(t, offset=0, size=0).size == 0
+    with pytest.raises(GGMLError, match="not allocated"):
+        ggml.backend_tensor_set(t, b"\0" * 4, offset=0, size=4)
 
 
 def test_memset_and_freed_buffer():
@@ -1250,3 +1263,19 @@ def test_buft_get_alloc_size_default_and_override():
     with pytest.raises(GGMLError, match="PADDED says 56 bytes for '.*', less than its "
                                         "nbytes 60"):
         ggml.backend_buft_get_alloc_size(Padded(-4), t)
+
+
+def test_reg_get_proc_address_defaults_to_none():
+    # ggml_backend_reg_get_proc_address returns NULL when the reg's get_proc_address
+    # member is NULL: a reg that does not override the member has no extensions
+    class BareReg(ggml.BackendReg):
+        def get_name(self):
+            return "BARE"
+
+        def get_device_count(self):
+            return 0
+
+        def get_device(self, index):
+            raise GGMLError("no devices")
+
+    assert ggml.backend_reg_get_proc_address(BareReg(), "ggml_backend_set_n_threads") is None
