@@ -331,7 +331,7 @@ _Q8_1_BLOCK_BYTES = 36
 
 
 def mmvq_launch_dims(ncols_dst, nrows_x, nchannels_dst, nsamples_dst):
-    """ggml's calc_launch_params for NVIDIA since Ampere: 4 warps for 1-4 columns, 2 for
+    """ggml's calc_launch_params for NVIDIA but Turing: 4 warps for 1-4 columns, 2 for
     5-8; 1 row per block for one column, else 2. (grid, block)."""
     nwarps = 4 if ncols_dst <= 4 else 2
     rows_per_block = 1 if ncols_dst == 1 else 2
