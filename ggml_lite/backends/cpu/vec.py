@@ -23,6 +23,7 @@ from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vas, vcat, vdot, vdot
                                          vfloat, vget, vi8, vi16, vload, vload_f16,
                                          vload_i16, vmaddubs, vpack, vpairs, vpick2,
                                          vsplat2, vsum, vu8, vzero)
+from ggml_lite.backends.cpu.tiled import TILED, mul_mat_tiled_type, tiled_chunk
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
                              get_type_traits, row_size, type_name, type_size)
@@ -408,6 +409,9 @@ def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
     """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1
     converted into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13
     by division."""
+    if t >= TILED:                      # ggml's tiled product (below)
+        return tiled_chunk(t - TILED, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e,
+                           ir1s, ir1e)
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
         for iir0 in range(ir0s, ir0e, 16):
@@ -547,8 +551,8 @@ def forward_mul_mat_chunk(src0_type, src0, src1, dst, wdata, ir0_start, ir0_end,
     if quantized:
         ne13, ne12, ne11 = src1.shape[:3]
         rs = row_size(get_type_traits(t).vec_dot_type, n)
-        _mm_chunk_q(t, n, a, b, rs, ne11, ne12, ne13, dst, ir0_start, ir0_end,
-                    ir1_start, ir1_end)
+        _mm_chunk_q(mul_mat_tiled_type(t, ne11), n, a, b, rs, ne11, ne12, ne13, dst,
+                    ir0_start, ir0_end, ir1_start, ir1_end)
     else:
         _mm_chunk_f(t, n, a, b, dst, ir0_start, ir0_end, ir1_start, ir1_end)
 
@@ -569,8 +573,8 @@ def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
     if quantized:
         ne13, ne12, ne11 = src1.shape[:3]
         rs = row_size(get_type_traits(t).vec_dot_type, n)
-        _mm_chunks_q(t, n, a, b, rs, ne11, ne12, ne13, dst, *chunks, counter, owner,
-                     ith, nth)
+        _mm_chunks_q(mul_mat_tiled_type(t, ne11), n, a, b, rs, ne11, ne12, ne13, dst,
+                     *chunks, counter, owner, ith, nth)
     else:
         _mm_chunks_f(t, n, a, b, dst, *chunks, counter, owner, ith, nth)
 
