@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from ggml_lite.backends.cpu.qdots import fp16_at, f32_at, u32_at
-from ggml_lite.backends.cpu.vexp import _fmaf
+from ggml_lite.backends.cpu.vexp import fmaf
 from ggml_lite.types import Type
 
 TILED_TYPES = (Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K)
@@ -158,8 +158,8 @@ def tiled_chunk(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
                         s1, s2 = _tiled_sums(codes[i], scales[i], mins[i], nsub, qv)
                         res = d0[i] * np.float32(s1)
                         if has_min:
-                            res = _fmaf(-dm[i], np.float32(s2), res)
-                        acc[i, j] = _fmaf(res, d1, acc[i, j])
+                            res = fmaf(-dm[i], np.float32(s2), res)
+                        acc[i, j] = fmaf(res, d1, acc[i, j])
             for j in range(n1):
                 i13, rem = divmod(iir1 + j, ne12 * ne11)
                 i12, i11 = divmod(rem, ne11)

@@ -562,10 +562,9 @@ _NO_OWNER = np.zeros(0, np.int32)
 
 def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
                            owner=None):
-    """Phase 2 as ggml runs it on thread ith of nth: chunk ith, then chunks claimed from
-    counter[0] (an int64 array, set to nth by thread 0 before the barrier) until none is
-    left. owner, if given (int32, one per chunk), records which thread computed each
-    chunk."""
+    """Phase 2 on thread ith of nth: chunk ith, then chunks claimed from counter[0]
+    (int64, set to nth by thread 0 before the barrier) until none is left. owner (int32,
+    one per chunk) if given records which thread computed each chunk."""
     t, n, a, b, quantized = _mm_operands(src0_type, src0, src1, wdata)
     nr0, nr1 = dst.shape[3], dst.shape[0] * dst.shape[1] * dst.shape[2]
     chunks = mul_mat_chunks(nr0, nr1, nth)
@@ -580,11 +579,9 @@ def forward_mul_mat_chunks(src0_type, src0, src1, dst, wdata, counter, ith, nth,
 
 
 def forward_mul_mat(src0_type, src0, src1, dst, wdata=None, nth=1, owner=None):
-    """All of ggml_compute_forward_mul_mat with its nth threads played one after
-    another: each converts its share of src1; the counter starts at nth; then each runs
-    its chunk loop (so thread 0, going first, also takes every chunk the others would
-    have claimed). For tests and demonstrations: the compute chapter runs the same
-    phases on real threads."""
+    """ggml_compute_forward_mul_mat with its nth threads played one after another
+    (each converts its share of src1, then runs its chunk loop: thread 0 also takes the
+    chunks the others would have claimed). The compute chapter uses real threads."""
     mul_mat_check(src0_type, src0, src1, dst)
     if wdata is None:
         wdata = np.empty(mul_mat_wsize(src0_type, src1), np.uint8)
