@@ -1136,7 +1136,8 @@ def test_glu_refuses_types_ggml_does_not_compute():
 
 MULMAT_REF = Path(__file__).parent / "data" / "llama_mulmat_ref.npz"      # tests/ggml_ref/llama_mulmat_ref.py
 _PATHS = """
-import sys, numpy as np
+import os, sys, numpy as np
+os.environ["GGML_CPU_TILED_MM"] = "0"
 import ggml_lite.backends.cpu.simd as S
 S.AVX512_VNNI = False
 if sys.argv[1] == "ir":
@@ -1154,9 +1155,11 @@ _QDOT_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
 
 
 @pytest.mark.parametrize("t", _QDOT_TYPES)
-def test_quantized_dots_give_ggmls_bits(t):
+def test_quantized_dots_give_ggmls_bits(t, monkeypatch):
     """The quantized dots keep ggml's AVX2 lanes and float order: ggml 0.15.3's own mul_mat
-    outputs (20 rows x 512, one thread), every one equal bit for bit."""
+    outputs (20 rows x 512, one thread), every one equal bit for bit. (0.15.3 has no tiled
+    K-quant product: ggml's switch turns it off here.)"""
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
     d = np.load(MULMAT_REF)
     ref = d[f"{t}_out"]
     dst = np.zeros((1, 1) + ref.shape, np.float32)
@@ -1446,10 +1449,12 @@ _TYPES_REF_CASES = [(t, k) for t, ks in (("Q5_0", (256, 640)), ("Q5_1", (256, 64
 
 
 @pytest.mark.parametrize("t,k", _TYPES_REF_CASES)
-def test_new_types_mul_mat_against_ggml(t, k):
+def test_new_types_mul_mat_against_ggml(t, k, monkeypatch):
     """ggml 0.15.3's CPU mul_mat of 128 weight rows (quantized by ggml) times 1, 4 and 20 columns
     (tests/ggml_ref/mulmat_types_ref.py): ggml_lite's with 1 and 2 threads within mul_mat's NMSE
-    limit, and, as the dots keep ggml's AVX2 lanes and float order, equal bit for bit."""
+    limit, and, as the dots keep ggml's AVX2 lanes and float order, equal bit for bit (the tiled
+    K-quant product, which 0.15.3 does not have, switched off as in ggml)."""
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
     d = np.load(TYPES_REF)
     w, x = d[f"{t}_{k}_w"], d[f"{t}_{k}_x"]
     for m in (1, 4, 20):
@@ -1462,7 +1467,8 @@ def test_new_types_mul_mat_against_ggml(t, k):
 
 
 _TYPES_PATHS = """
-import sys, numpy as np
+import os, sys, numpy as np
+os.environ["GGML_CPU_TILED_MM"] = "0"
 import ggml_lite.backends.cpu.simd as S
 S.AVX512_VNNI = False
 S.AVX2 = False
@@ -1490,3 +1496,65 @@ def test_new_types_same_bits_without_avx2(tmp_path):
     out = subprocess.run([sys.executable, "-c", _TYPES_PATHS, str(TYPES_REF)] + keys, env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == [w for key in keys for w in (key, "0")], out
+
+
+TILED_REF = Path(__file__).parent / "data" / "tiled_ref.npz"      # tests/ggml_ref/tiled_ref.py
+_TILED_CASES = [f"{t}_{k}" for t in ("Q2_K", "Q3_K", "Q5_K") for k in (256, 768)] + ["Q4_K_256", "Q6_K_256"]
+
+
+def _tiled_operands(key):
+    t, k = key.rsplit("_", 1)
+    if t in ("Q4_K", "Q6_K"):
+        d = np.load(MULMAT_REF)
+        return t, d[t], d["x"]
+    d = np.load(TYPES_REF)
+    return t, d[f"{key}_w"], d[f"{key}_x"]
+
+
+@pytest.mark.parametrize("key", _TILED_CASES)
+def test_tiled_k_quant_product_gives_ggmls_bits(key, monkeypatch):
+    """ggml 0.25.3's tiled K-quant product (tests/ggml_ref/tiled_ref.py: llama-cpp-python 0.3.36's
+    ggml, AVX2 build): 8 and 20 columns with 1 and 2 threads equal bit for bit; GGML_CPU_TILED_MM=0
+    gives the dot products' bits instead (other bits, within the limit); GGML_CPU_TILED_MM_FORCE=1
+    takes the tiled product for 4 columns."""
+    ref = np.load(TILED_REF)
+    t, w, x = _tiled_operands(key)
+    a = w.reshape(1, 1, *w.shape)
+
+    def run(m, nth=1):
+        dst = np.full((1, 1, m, w.shape[0]), np.nan, np.float32)
+        V.forward_mul_mat(Type[t], a, x[:m].reshape(1, 1, m, -1).copy(), dst, nth=nth)
+        return dst[0, 0]
+    monkeypatch.delenv("GGML_CPU_TILED_MM", raising=False)
+    monkeypatch.delenv("GGML_CPU_TILED_MM_FORCE", raising=False)
+    for m in (8, 20):
+        for nth in (1, 2):
+            got = run(m, nth)
+            assert np.array_equal(got.view(np.uint32), ref[f"{key}_out{m}"].view(np.uint32)), (m, nth)
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
+    off = run(8)
+    assert not np.array_equal(off, ref[f"{key}_out8"]) and nmse(off, ref[f"{key}_out8"]) <= 5e-4
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
+    monkeypatch.setenv("GGML_CPU_TILED_MM_FORCE", "1")
+    assert np.array_equal(run(4).view(np.uint32), ref[f"{key}_out4_forced"].view(np.uint32))
+
+
+def test_tiled_product_is_chosen_as_ggml_chooses():
+    """ggml_compute_forward_mul_mat_tiled's conditions: a K-quant weight, not in an extra buffer
+    type, src1 of at least 8 rows; GGML_CPU_TILED_MM read as atoi (0 or not a number: off)."""
+    from ggml_lite.backends.cpu.tiled import TILED, mul_mat_tiled_type
+    import os
+    old = {k: os.environ.pop(k, None) for k in ("GGML_CPU_TILED_MM", "GGML_CPU_TILED_MM_FORCE")}
+    try:
+        assert mul_mat_tiled_type(Type.Q6_K, 8) == int(Type.Q6_K) + TILED
+        assert mul_mat_tiled_type(Type.Q6_K, 7) == int(Type.Q6_K)
+        assert mul_mat_tiled_type(Type.Q6_K, 8, in_extra=True) == int(Type.Q6_K)
+        assert mul_mat_tiled_type(Type.Q8_0, 64) == int(Type.Q8_0)
+        for value, on in (("0", False), ("", False), ("off", False), ("2", True), (" 1", True)):
+            os.environ["GGML_CPU_TILED_MM"] = value
+            assert (mul_mat_tiled_type(Type.Q4_K, 20) != int(Type.Q4_K)) == on, value
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v

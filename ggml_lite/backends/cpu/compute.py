@@ -503,7 +503,8 @@ def _lower_mul_mat(node, p, nth):
     if not d.flags.c_contiguous or d.dtype != np.float32 \
             or (is_quantized(t) and not a.flags.c_contiguous):
         return None
-    return [src1_task, (kind, [int(t), n, rs, *chunks], (d, a, y, w4), ())]
+    tt = V.mul_mat_tiled_type(t, b.shape[2])     # the tiled product (05) or not
+    return [src1_task, (kind, [tt, n, rs, *chunks], (d, a, y, w4), ())]
 
 # %% book/92_making_python_fast.ipynb #3366bcd2
 _LOWER = {Op.ADD: _lower_binary, Op.SUB: _lower_binary, Op.MUL: _lower_binary,

@@ -14,7 +14,7 @@ from ggml_lite.backends.cpu.common import (
     check_4d, f32_only, get_thread_range, ld, ne_of, st, storage)
 from ggml_lite.backends.cpu.simd import vload_f16, vpack
 from ggml_lite.backends.cpu.vexp import (
-    row_c, v_expf8, vhas_nan8, vhmax8, vhsum8, vmax8, vput8, vrow8)
+    fmaf, row_c, v_expf8, vhas_nan8, vhmax8, vhsum8, vmax8, vput8, vrow8)
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, type_name
 
@@ -321,8 +321,9 @@ def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_f
         for k in range(n_dims // 2):
             ic = 2 * k if mode == _ROPE_NORMAL else k
             c, s, x0, x1 = cos_k[k], sin_k[k], ld(x[ic], t), ld(x[ic + off], t)
-            y[ic] = st(x0 * c - x1 * s, t, y)
-            y[ic + off] = st(x0 * s + x1 * c, t, y)
+            # as GCC contracts ggml's x0*cos - x1*sin (and x0*sin + x1*cos) on an FMA CPU
+            y[ic] = st(fmaf(x0, c, -(x1 * s)), t, y)
+            y[ic + off] = st(fmaf(x0, s, x1 * c), t, y)
         for i0 in range(n_dims, ne0):                       # the rest passes through
             y[i0] = x[i0]
 

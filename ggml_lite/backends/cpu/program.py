@@ -480,7 +480,7 @@ def _drop_stale_cache():
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
     deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py",
                                "vec.py", "simd.py", "cpy.py", "unary_ops.py",
-                               "sgemm.py", "program.py")]
+                               "sgemm.py", "tiled.py", "program.py")]
     deps.append(here.parents[1] / "types.py")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps
                                      if p.exists())).hexdigest()

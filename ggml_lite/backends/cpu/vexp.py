@@ -13,7 +13,7 @@ from numba.extending import intrinsic
 
 
 @intrinsic
-def _fmaf(typingctx, a, b, c):
+def fmaf(typingctx, a, b, c):
     """a * b + c in float32, rounded once (llvm.fma: vfmadd)."""
     if not all(t == types.float32 for t in (a, b, c)):
         return None
@@ -51,22 +51,22 @@ _E_P = tuple(np.float32(float.fromhex(h)) for h in
 def v_expf(x):
     """One lane of ggml_v_expf (AVX2): exp(x) in float32, as ggml's soft_max and silu
     take it."""
-    z = _fmaf(x, _E_LOG2E, _E_R)
+    z = fmaf(x, _E_LOG2E, _E_R)
     n = z - _E_R
-    b = _fmaf(-n, _E_LN2_LO, _fmaf(-n, _E_LN2_HI, x))
+    b = fmaf(-n, _E_LN2_LO, fmaf(-n, _E_LN2_HI, x))
     e = np.int32((np.int64(_bits(z)) << 23) & 0xFFFFFFFF)     # slli_epi32 (wraps)
     k = _bits(np.int32(np.int64(e) + 0x3F800000))            # + the bits of 1.0f
     u = b * b
-    j = _fmaf(_fmaf(_fmaf(_E_P[4], b, _E_P[3]), u, _fmaf(_E_P[2], b, _E_P[1])), u,
+    j = fmaf(fmaf(fmaf(_E_P[4], b, _E_P[3]), u, fmaf(_E_P[2], b, _E_P[1])), u,
               _E_P[0] * b)
     if not abs(n) > np.float32(126.0):
-        return _fmaf(j, k, k)
+        return fmaf(j, k, k)
     g = np.int64(-2113929216) if n <= 0 else np.int64(0)  # 0x82000000 where n <= 0
     s1 = _bits(np.int32(g + 0x7F000000))
     s2 = _bits(np.int32((np.int64(e) - g) & 0xFFFFFFFF))  # sub_epi32 (wraps)
     if abs(n) > np.float32(192.0):
         return s1 * s1
-    return _fmaf(s2, j, s2) * s1
+    return fmaf(s2, j, s2) * s1
 
 # %% book/05_cpu_kernels.ipynb #kern-vexpf8
 from ggml_lite.backends.cpu.simd import Vec, vget, vpack
