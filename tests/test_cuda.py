@@ -226,13 +226,13 @@ def test_launches_of_the_dequantizers(ptx, ctx, type_):
 # ---------------------------------------------------------------------------------------------
 
 # ggml's qk (common.cuh's type traits), qi (ggml-common.h's QI*) and vdr (vecdotq.cuh's VDR_*_MMVQ)
-_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q5_0: (32, 4, 2), Type.Q5_1: (32, 4, 2), Type.Q8_0: (32, 8, 2),
+_QK_QI_VDR = {Type.Q4_0: (32, 4, 2), Type.Q4_1: (32, 4, 2), Type.Q5_0: (32, 4, 2), Type.Q5_1: (32, 4, 2), Type.Q8_0: (32, 8, 2),
               Type.Q2_K: (256, 16, 1), Type.Q3_K: (256, 16, 1), Type.Q4_K: (256, 32, 2), Type.Q5_K: (256, 32, 2),
               Type.Q6_K: (256, 32, 1)}
 
 
 def test_mat_vec_types_are_the_traits_table():
-    assert set(ck.MMVQ_TYPES) == set(_QK_QI_VDR) == set(ck.DEQUANTIZE_TYPES) - {Type.Q4_1}
+    assert set(ck.MMVQ_TYPES) == set(_QK_QI_VDR) == set(ck.DEQUANTIZE_TYPES)
 
 
 @pytest.mark.parametrize("type_", list(ck.MMVQ_TYPES))
@@ -589,6 +589,18 @@ def _vd_q5_1(row, y, yb, kbx, iqs):
     return sumi * _f16(b, 0) * d8 + _f16(b, 2) * s8 / (4 // 2)
 
 
+
+def _vd_q4_1(row, y, yb, kbx, iqs):
+    b = row[20 * kbx:20 * kbx + 20]
+    d8, s8, q8 = y[yb]
+    sumi = 0
+    for i in range(2):
+        v = _i32(b[4:], iqs + i)
+        sumi = _dp4a(v & 0x0F0F0F0F, _i32(q8, iqs + i), sumi)
+        sumi = _dp4a((v >> 4) & 0x0F0F0F0F, _i32(q8, iqs + i + 4), sumi)
+    return sumi * _f16(b, 0) * d8 + _f16(b, 2) * s8 / (4 // 2)
+
+
 def _vd_q2_K(row, y, yb, kbx, iqs):
     b = row[84 * kbx:84 * kbx + 84]
     scales, qs = b[0:16], b[16:80]
@@ -639,7 +651,7 @@ def _vd_q5_K(row, y, yb, kbx, iqs):
     return _f16(b, 0) * sumf_d - _f16(b, 2) * sumf_m
 
 
-_VEC_DOT = {Type.Q4_0: _vd_q4_0, Type.Q5_0: _vd_q5_0, Type.Q5_1: _vd_q5_1, Type.Q8_0: _vd_q8_0,
+_VEC_DOT = {Type.Q4_0: _vd_q4_0, Type.Q4_1: _vd_q4_1, Type.Q5_0: _vd_q5_0, Type.Q5_1: _vd_q5_1, Type.Q8_0: _vd_q8_0,
             Type.Q2_K: _vd_q2_K, Type.Q3_K: _vd_q3_K, Type.Q4_K: _vd_q4_K, Type.Q5_K: _vd_q5_K,
             Type.Q6_K: _vd_q6_K}
 _HALF_SCALES = {Type.Q2_K: (80, 82), Type.Q3_K: (108,), Type.Q5_K: (0, 2)}   # byte offsets of d (and dmin)

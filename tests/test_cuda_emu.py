@@ -168,7 +168,7 @@ def test_set_rows_equals_the_cpu(cuda, dst_type, idx_type, schedule):
 # numpy on gguf's dequantized values (gguf.quants.dequantize).
 # ---------------------------------------------------------------------------------------------
 
-NEW_TYPES = (Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K)
+NEW_TYPES = (Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K)
 _HALF_SCALES = {Type.Q2_K: (80, 82), Type.Q3_K: (108,), Type.Q5_K: (0, 2)}   # byte offsets of d (and dmin)
 
 
@@ -178,13 +178,13 @@ def _gguf_type(type_):
 
 
 def _new_type_weights(type_, shape, rng):
-    """(blocks as uint8 rows, their values in float64) for weights of `shape` (..., k). Q5_0 and
-    Q5_1 by gguf's quantizers from uniform [-1, 1], as test-backend-ops makes weights; the K-quants,
+    """(blocks as uint8 rows, their values in float64) for weights of `shape` (..., k). Q4_1, Q5_0
+    and Q5_1 by gguf's quantizers from uniform [-1, 1], as test-backend-ops makes weights; the K-quants,
     which gguf only dequantizes, from random bytes (every byte pattern is a block) with F16 scales
     d and dmin in [0.002, 0.02]."""
     from gguf import quants
     *outer, k = shape
-    if type_ in (Type.Q5_0, Type.Q5_1):
+    if type_ in (Type.Q4_1, Type.Q5_0, Type.Q5_1):
         blocks = quants.quantize(rng.uniform(-1, 1, (int(np.prod(outer)), k)).astype(np.float32),
                                  _gguf_type(type_))
     else:

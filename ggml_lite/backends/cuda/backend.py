@@ -24,7 +24,8 @@ from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES,
                                              cuda_op_unary, import_cupy)
 from ggml_lite.backends.cuda.kernels import SET_ROWS_TYPES, cuda_op_set_rows
 from ggml_lite.backends.cuda.kernels import cuda_op_rms_norm_mul
-from ggml_lite.backends.cuda.graphs import cuda_can_fuse_rms_norm_mul, cuda_graph_compute
+from ggml_lite.backends.cuda.graphs import (cuda_can_fuse_rms_norm_mul,
+                                            cuda_graph_compute)
 from ggml_lite.backends.cuda.buffer import (D2D, D2H, H2D, CUDABuffer, CUDABufferType,
                                             CUDAHostBufferType, cuda_alloc_size)
 from ggml_lite.core import GGMLError, Status

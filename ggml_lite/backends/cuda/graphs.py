@@ -155,7 +155,8 @@ def cuda_can_fuse_rms_norm_mul(cgraph, i):
         return False
     if norm not in (mul.src[0], mul.src[1]) or not are_same_shape(mul, norm):
         return False
-    if any(t.type != Type.F32 for t in (norm.src[0], norm, mul.src[0], mul.src[1], mul)):
+    operands = (norm.src[0], norm, mul.src[0], mul.src[1], mul)
+    if any(t.type != Type.F32 for t in operands):
         return False
     if norm is mul.src[1] and not are_same_shape(mul.src[0], norm):
         return False

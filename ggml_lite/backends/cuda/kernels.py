@@ -341,9 +341,10 @@ def cuda_op_cpy(ctx, src0, dst):
 # activations' rows padded to this before quantizing (ggml-cuda/common.cuh)
 MATRIX_ROW_PADDING = 512
 MMVQ_MAX_BATCH_SIZE = 8         # columns of src1 the mat-vec kernels take at once
-MMVQ_TYPES = {Type.Q4_0: "q4_0", Type.Q5_0: "q5_0", Type.Q5_1: "q5_1",
-              Type.Q8_0: "q8_0", Type.Q2_K: "q2_K", Type.Q3_K: "q3_K",
-              Type.Q4_K: "q4_K", Type.Q5_K: "q5_K", Type.Q6_K: "q6_K"}
+MMVQ_TYPES = {Type.Q4_0: "q4_0", Type.Q4_1: "q4_1", Type.Q5_0: "q5_0",
+              Type.Q5_1: "q5_1", Type.Q8_0: "q8_0", Type.Q2_K: "q2_K",
+              Type.Q3_K: "q3_K", Type.Q4_K: "q4_K", Type.Q5_K: "q5_K",
+              Type.Q6_K: "q6_K"}
 _Q8_1_BLOCK_BYTES = 36
 
 

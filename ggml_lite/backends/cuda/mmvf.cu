@@ -25,7 +25,8 @@ static __device__ __forceinline__ void mul_mat_vec_f(
          + (int64_t) (channel / channel_ratio) * stride_channel_x
          + (int64_t) row * stride_row;
     y   += (int64_t) sample * stride_sample_y + (int64_t) channel * stride_channel_y;
-    dst += (int64_t) sample * stride_sample_dst + (int64_t) channel * stride_channel_dst;
+    dst += (int64_t) sample * stride_sample_dst
+         + (int64_t) channel * stride_channel_dst;
 
     float sumf[ncols_dst] = {0.0f};
     for (int col2 = tid; col2 < ncols2; col2 += blockDim.x) {
