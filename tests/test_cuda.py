@@ -281,7 +281,8 @@ def test_supports_elementwise_and_rows(ctx):
         assert supports(ggml.silu(ctx, x)) and supports(ggml.gelu(ctx, x)) and supports(ggml.swiglu(ctx, x))
         assert not supports(ggml.gelu_erf(ctx, x)) and not supports(ggml.relu(ctx, x))
     assert not supports(ggml.silu(ctx, ggml.view_2d(ctx, f32, 32, 4, f32.nb[1], 0)))      # rows with gaps
-    assert not supports(ggml.geglu_split(ctx, f32, f32))
+    assert supports(ggml.geglu_split(ctx, f32, f32)) and supports(ggml.geglu(ctx, f16))          # GELU tanh
+    assert not supports(ggml.geglu_erf_split(ctx, f32, f32)) and not supports(ggml.reglu(ctx, f32))
     for op in (ggml.norm, ggml.rms_norm):
         assert supports(op(ctx, f32, 1e-5)) and not supports(op(ctx, f16, 1e-5))
         assert supports(op(ctx, ggml.view_2d(ctx, f32, 32, 4, f32.nb[1], 0), 1e-5))          # strided rows

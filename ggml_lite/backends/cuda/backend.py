@@ -254,7 +254,8 @@ def cuda_supports_op(op, device_id=0):
                 and is_contiguous(src0) and is_contiguous(op))
     if op.op == Op.GLU:
         src1 = op.src[1]
-        return (get_glu_op(op) == GluOp.SWIGLU and src0.type in f32_or_f16
+        return (get_glu_op(op) in (GluOp.SWIGLU, GluOp.GEGLU)
+                and src0.type in f32_or_f16
                 and op.type == src0.type
                 and is_contiguous_1(src0) and src0.nb[0] == type_size(src0.type)
                 and is_contiguous(op)

@@ -15,7 +15,8 @@ import numpy as np
 from ggml_lite.backends.cpu.ops import rope_yarn_corr_dims
 from ggml_lite.backends.cuda.emu import EMU_ENV, emulated_cupy
 from ggml_lite.core import GGMLError
-from ggml_lite.ops import ROPE_TYPE_NEOX, Op, Prec, UnaryOp, get_unary_op
+from ggml_lite.ops import (ROPE_TYPE_NEOX, GluOp, Op, Prec, UnaryOp, get_glu_op,
+                           get_unary_op)
 from ggml_lite.tensor import (get_op_params_f32, get_op_params_i32, is_contiguous,
                               nbytes, nelements, nrows)
 from ggml_lite.types import Type, is_quantized, type_name, type_size
@@ -170,8 +171,8 @@ def cuda_op_unary(ctx, dst):
 
 
 def cuda_op_swiglu(ctx, dst):
-    """GLU SWIGLU: silu(x) * g, x and g the two halves of src0's rows (swapped: g first)
-    or src0 and src1."""
+    """GLU SWIGLU and GEGLU: silu(x) * g or gelu(x) * g, x and g the two halves of
+    src0's rows (swapped: g first) or src0 and src1."""
     src0, src1 = dst.src[0], dst.src[1]
     size = type_size(src0.type)
     nc = src0.ne[0] if src1 is not None else src0.ne[0] // 2
@@ -183,7 +184,8 @@ def cuda_op_swiglu(ctx, dst):
     o1 = (src1.nb[1] if src1 is not None else src0.nb[1]) // size
     ne = nelements(dst)
     args = [_ptr(x), _ptr(g), _ptr(dst), _i64(ne), _i64(nc), _i64(o0), _i64(o1)]
-    cuda_launch(ctx.kernel("elementwise.cu", f"swiglu_{type_name(dst.type)}"),
+    glu = "geglu" if get_glu_op(dst) == GluOp.GEGLU else "swiglu"
+    cuda_launch(ctx.kernel("elementwise.cu", f"{glu}_{type_name(dst.type)}"),
                 (_cdiv(ne, 256),), (256,), args)
 
 # %% book/11_cuda.ipynb #cuda-op-norm
