@@ -464,6 +464,7 @@ def run_new_paths(report, gpu, cpu, emulated, models_dir):
         _part(report, "gemm_f16_emulated_512", bench_gemm_emulated, gpu, 512)
     sys.path.insert(0, str(ROOT / "bench"))
     from llama_bench import write_models
+    models_dir.mkdir(parents=True, exist_ok=True)
     paths, _ = write_models(models_dir)
     n_prompt, n_decode = (16, 4) if emulated else (64, 32)
     for t, path in paths.items():
@@ -504,6 +505,8 @@ def _part(report, name, fn, *args):
     t = time.perf_counter()
     try:
         report[name] = fn(*args)
+        if "EMULATED" in report and isinstance(report[name], dict):
+            report[name]["EMULATED"] = True         # every time in it is the emulation's, not a GPU's
     except Exception as e:
         report[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     report.setdefault("seconds", {})[name] = round(time.perf_counter() - t, 1)
