@@ -352,7 +352,7 @@ def bench_graph_replay(gpu, n_nodes=256, reps=20):
     results = {}
     for on in (False, True):
         _graphs_env(on)
-        gpu.graph_stats.update(eager=0, captures=0, replays=0, incompatible=0)
+        gpu.graph_stats.update(eager=0, captures=0, replays=0, incompatible=0, capture_failed=0)
         for _ in range(3):                                  # warm-up, capture
             ggml.backend_graph_compute(gpu, gf)
         best = float("inf")
@@ -427,7 +427,7 @@ def bench_model(gpu, cpu, path, n_prompt, n_decode, emulated):
     try:
         for on in (True, False):
             _graphs_env(on)
-            gpu.graph_stats.update(eager=0, captures=0, replays=0, incompatible=0)
+            gpu.graph_stats.update(eager=0, captures=0, replays=0, incompatible=0, capture_failed=0)
             m.kv.n_filled = 0
             m.eval(prompt[:4], 0, logits_all=False)                # warm-up: compiles, first graphs
             m.kv.n_filled = 0

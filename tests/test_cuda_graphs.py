@@ -36,7 +36,7 @@ def cuda():
 
 
 def _reset(backend):
-    backend.graph_stats.update(eager=0, captures=0, replays=0, incompatible=0)
+    backend.graph_stats.update(eager=0, captures=0, replays=0, incompatible=0, capture_failed=0)
 
 
 class _Graph:
@@ -71,17 +71,17 @@ def test_warm_up_capture_replay_and_a_change_captures_again(cuda, monkeypatch):
     a = _Graph(cuda, 1)
     try:
         outs = [a(s) for s in range(4)]
-        assert cuda.graph_stats == dict(eager=1, captures=1, replays=3, incompatible=0)
+        assert cuda.graph_stats == dict(eager=1, captures=1, replays=3, incompatible=0, capture_failed=0)
         before = emu.EMU_STATS["launches"]
         a(9)
         assert emu.EMU_STATS["launches"] - before == 4      # norm+mul fused, quantize, mat-vec, silu
         # a changed node (here the norm's eps) resets the warm-up: eager once, then captured again
         set_op_params_f32(a.gf.nodes[0], 0, 1e-3)
         changed = [a(s) for s in range(3)]
-        assert cuda.graph_stats == dict(eager=2, captures=2, replays=6, incompatible=0)
+        assert cuda.graph_stats == dict(eager=2, captures=2, replays=6, incompatible=0, capture_failed=0)
         monkeypatch.setenv(graphs.GRAPHS_ENV, "1")           # the switch, as ggml's: set at all
         off = [a(s) for s in range(3)]
-        assert cuda.graph_stats == dict(eager=5, captures=2, replays=6, incompatible=0)
+        assert cuda.graph_stats == dict(eager=5, captures=2, replays=6, incompatible=0, capture_failed=0)
         monkeypatch.delenv(graphs.GRAPHS_ENV)
         set_op_params_f32(a.gf.nodes[0], 0, 1e-5)
         again = [a(s) for s in range(4)]
@@ -100,7 +100,23 @@ def test_a_graph_with_a_cublas_product_runs_node_by_node(cuda):
             b(s)
     finally:
         b.free()
-    assert cuda.graph_stats == dict(eager=3, captures=0, replays=0, incompatible=3)
+    assert cuda.graph_stats == dict(eager=3, captures=0, replays=0, incompatible=3, capture_failed=0)
+
+
+def test_a_capture_that_fails_is_counted_and_the_graph_runs_node_by_node(cuda, monkeypatch):
+    """Made compatible by force, the cuBLAS graph is captured: the emulated matmul refuses as cupy's
+    cuBLAS calls do, the capture is dropped, and that graph runs node by node from then on."""
+    _reset(cuda)
+    monkeypatch.setattr(graphs, "cuda_graph_compatible", lambda cgraph: True)
+    b = _Graph(cuda, 16)
+    try:
+        outs = [b(s) for s in range(4)]
+        monkeypatch.setenv(graphs.GRAPHS_ENV, "1")
+        off = [b(s) for s in range(4)]
+    finally:
+        b.free()
+    assert cuda.graph_stats == dict(eager=8, captures=0, replays=0, incompatible=0, capture_failed=1)
+    assert all(np.array_equal(x, y) for x, y in zip(outs, off))
 
 
 def test_the_emulated_stream_records_while_capturing_and_refuses_cublas():
@@ -150,11 +166,11 @@ def test_forty_decode_steps_replayed_equal_eager_bit_for_bit(cuda, name, monkeyp
     try:
         _reset(cuda)
         replayed = _decode(m, 40, prompt)
-        assert cuda.graph_stats == dict(eager=2, captures=1, replays=39, incompatible=1)
+        assert cuda.graph_stats == dict(eager=2, captures=1, replays=39, incompatible=1, capture_failed=0)
         monkeypatch.setenv(graphs.GRAPHS_ENV, "1")
         _reset(cuda)
         eager = _decode(m, 40, prompt)
-        assert cuda.graph_stats == dict(eager=41, captures=0, replays=0, incompatible=0)
+        assert cuda.graph_stats == dict(eager=41, captures=0, replays=0, incompatible=0, capture_failed=0)
         monkeypatch.delenv(graphs.GRAPHS_ENV)
         m.graph_reuse = False                                 # llama_context's graph_reuse_disable
         _reset(cuda)
@@ -162,7 +178,7 @@ def test_forty_decode_steps_replayed_equal_eager_bit_for_bit(cuda, name, monkeyp
         rebuilt = _decode(m, 40, prompt)
         assert m.timings["n_graph_builds"] - builds == 41
         # the graph captured in the first run is still there, and every rebuilt step matches it
-        assert cuda.graph_stats == dict(eager=1, captures=0, replays=40, incompatible=1)
+        assert cuda.graph_stats == dict(eager=1, captures=0, replays=40, incompatible=1, capture_failed=0)
     finally:
         m.free()
     assert np.array_equal(replayed.view(np.uint32), eager.view(np.uint32))

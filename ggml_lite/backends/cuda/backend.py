@@ -147,7 +147,8 @@ class _CUDABackend(Backend):
             self.copy_event = cp.cuda.Event(disable_timing=True)
         self._scratch = []          # this node's pool allocations
         self.cuda_graphs = {}       # first node's address -> CUDAGraph
-        self.graph_stats = dict(eager=0, captures=0, replays=0, incompatible=0)
+        self.graph_stats = dict(eager=0, captures=0, replays=0, incompatible=0,
+                                capture_failed=0)
         self._pending = []          # host arrays that queued copies still read or write
 
     def get_name(self):

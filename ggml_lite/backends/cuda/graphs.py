@@ -4,6 +4,7 @@
 __all__ = ['GRAPHS_ENV', 'FUSION_ENV', 'cuda_graphs_disabled', 'cuda_fusion_disabled', 'cuda_graph_compatible', 'CUDAGraph', 'cuda_graph_update_required', 'cuda_graph_compute', 'cuda_can_fuse_rms_norm_mul']
 
 # %% book/11_cuda.ipynb #cuda-graphs-imports
+import logging
 import os
 
 from ggml_lite.backends.cuda.kernels import cuda_mul_mat_uses_cublas, import_cupy
@@ -15,6 +16,7 @@ from ggml_lite.types import Type
 GRAPHS_ENV = "GGML_CUDA_DISABLE_GRAPHS"
 FUSION_ENV = "GGML_CUDA_DISABLE_FUSION"
 _VIEW_OR_NOOP = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
+_log = logging.getLogger("ggml_lite.backends.cuda")
 
 
 def cuda_graphs_disabled():
@@ -75,6 +77,7 @@ class CUDAGraph:
         self.warmup_complete = False
         self.graph = None
         self.scratch = []
+        self.capture_error = None  # why a capture failed: node by node from then on
 
 
 def cuda_graph_update_required(graph, cgraph):
@@ -97,6 +100,8 @@ def _cuda_graph_decide(ctx, cgraph):
     if cuda_graphs_disabled() or not cgraph.nodes:
         return None, False, False
     graph = ctx.cuda_graphs.setdefault(_address(cgraph.nodes[0]), CUDAGraph())
+    if graph.capture_error is not None:
+        return graph, False, False
     if not cuda_graph_compatible(cgraph):
         ctx.graph_stats["incompatible"] += 1
         return graph, False, False
@@ -110,30 +115,48 @@ def _cuda_graph_decide(ctx, cgraph):
     return graph, True, graph.graph is None
 
 
+def _cuda_capture(ctx, cgraph, evaluate, scratch):
+    """The walk captured on ctx's stream (relaxed mode, as ggml's): the graph."""
+    cp = import_cupy()
+    stream = ctx.stream
+    stream.begin_capture(getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None))
+    try:
+        evaluate(ctx, cgraph, scratch)
+    except Exception:
+        try:
+            stream.end_capture()            # the capture is void; its error is the one
+        except Exception:
+            pass
+        raise
+    return stream.end_capture()
+
+
 def cuda_graph_compute(ctx, cgraph, evaluate):
     """Compute cgraph on ctx's stream: node by node (evaluate(ctx, cgraph, None)), or
-    captured once (evaluate(ctx, cgraph, scratch) inside begin/end_capture, the
-    node's scratch memory kept for the graph) and replayed by one launch."""
+    captured once (evaluate(ctx, cgraph, scratch) between begin and end_capture, the
+    nodes' scratch memory kept for the graph) and replayed by one launch. A capture
+    that fails (a call cupy refuses while capturing) is logged and counted, and that
+    graph runs node by node from then on."""
     graph, use_graph, capture = _cuda_graph_decide(ctx, cgraph)
+    cp = import_cupy()
+    if use_graph and capture:
+        graph.graph, graph.scratch = None, []
+        with cp.cuda.Device(ctx.device_id):
+            try:
+                graph.graph = _cuda_capture(ctx, cgraph, evaluate, graph.scratch)
+                ctx.graph_stats["captures"] += 1
+            except Exception as e:
+                graph.capture_error, graph.scratch = f"{type(e).__name__}: {e}", []
+                ctx.graph_stats["capture_failed"] += 1
+                _log.warning("CUDA%d: CUDA graph capture failed, running node by "
+                             "node: %s", ctx.device_id, graph.capture_error)
+                use_graph = False
     if not use_graph:
         ctx.graph_stats["eager"] += 1
         evaluate(ctx, cgraph, None)
         return
-    stream = ctx.stream
-    if capture:
-        cp = import_cupy()
-        graph.graph, graph.scratch = None, []
-        mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
-        with cp.cuda.Device(ctx.device_id):
-            stream.begin_capture(mode)  # ggml: cudaStreamCaptureModeRelaxed
-            try:
-                evaluate(ctx, cgraph, graph.scratch)
-            finally:
-                captured = stream.end_capture()
-        graph.graph = captured
-        ctx.graph_stats["captures"] += 1
-    with import_cupy().cuda.Device(ctx.device_id):
-        graph.graph.launch(stream)
+    with cp.cuda.Device(ctx.device_id):
+        graph.graph.launch(ctx.stream)
     ctx.graph_stats["replays"] += 1
 
 # %% book/11_cuda.ipynb #cuda-fusion-check
