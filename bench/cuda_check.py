@@ -12,7 +12,7 @@
 4. the chapter's code cells, executed in order in one namespace (their outputs are not stored:
    `make outputs NB=book/11_cuda.ipynb` does that, and needs nbclient and ipykernel there);
 5. the paths of the chapter's section "One launch per graph": Q4_0 / Q8_0 mat-vecs of 14336 x 4096
-   and 4096 x 14336 (weights beyond the L2) in GB/s; the 256-node graph node by node and replayed as
+   and 4096 x 14336 (33 and 62 MB of weights, 4x the 4096 x 4096 of part 3) in GB/s; the 256-node graph node by node and replayed as
    one CUDA graph (microseconds per node, the same bits); the 110 M llama files of
    bench/llama_bench.py in Q4_0 and Q8_0 (and Gemma 3 270M when ggml_lite.llama.fetch has it on
    disk; never fetched here) on CUDA + CPU: prompt and decode tokens/s with CUDA graphs on and off.
@@ -373,7 +373,7 @@ def bench_graph_replay(gpu, n_nodes=256, reps=20):
 
 
 def bench_matvec_large(gpu, cpu, wtype, rows, k, reps, emulated):
-    """A rows x k mat-vec (weights beyond the H200's L2): the result against the CPU's; on a GPU
+    """A rows x k mat-vec (4x the weights of part 3's): the result against the CPU's; on a GPU
     the mat-vec kernel's time from CUDA events around a captured graph of reps launches, as GB/s
     of weights read."""
     def node(backend):
