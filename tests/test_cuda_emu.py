@@ -168,7 +168,7 @@ def test_set_rows_equals_the_cpu(cuda, dst_type, idx_type, schedule):
 # numpy on gguf's dequantized values (gguf.quants.dequantize).
 # ---------------------------------------------------------------------------------------------
 
-NEW_TYPES = (Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K)
+NEW_TYPES = (Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q2_K, Type.Q3_K, Type.Q5_K)
 _HALF_SCALES = {Type.Q2_K: (80, 82), Type.Q3_K: (108,), Type.Q5_K: (0, 2)}   # byte offsets of d (and dmin)
 
 
@@ -178,13 +178,13 @@ def _gguf_type(type_):
 
 
 def _new_type_weights(type_, shape, rng):
-    """(blocks as uint8 rows, their values in float64) for weights of `shape` (..., k). Q5_0 and
-    Q5_1 by gguf's quantizers from uniform [-1, 1], as test-backend-ops makes weights; the K-quants,
+    """(blocks as uint8 rows, their values in float64) for weights of `shape` (..., k). Q4_1, Q5_0
+    and Q5_1 by gguf's quantizers from uniform [-1, 1], as test-backend-ops makes weights; the K-quants,
     which gguf only dequantizes, from random bytes (every byte pattern is a block) with F16 scales
     d and dmin in [0.002, 0.02]."""
     from gguf import quants
     *outer, k = shape
-    if type_ in (Type.Q5_0, Type.Q5_1):
+    if type_ in (Type.Q4_1, Type.Q5_0, Type.Q5_1):
         blocks = quants.quantize(rng.uniform(-1, 1, (int(np.prod(outer)), k)).astype(np.float32),
                                  _gguf_type(type_))
     else:
@@ -281,6 +281,104 @@ def test_get_rows_of_q5_0_and_q5_1(cuda, type_):
     got = _compute(cuda, build, (blocks, ids)).reshape(5, 96)
     np.testing.assert_allclose(got, values[ids], rtol=1e-6, atol=1e-7)     # a fused multiply-add at most
     assert f"get_rows_{ggml.type_name(type_)}" in LAUNCHED
+
+
+# mmvf.cu: F32 and F16 weights by few columns (ggml_cuda_should_use_mmvf's rule for NVIDIA since
+# Ampere), and the fused RMS_NORM + MUL of norm.cu
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("wtype,cols", [(Type.F32, 1), (Type.F32, 2), (Type.F32, 3), (Type.F16, 1)])
+def test_mat_vec_of_float_weights(cuda, wtype, cols, schedule):
+    """k = 1000 (500 pairs: 256 threads, two passes for some), 37 rows, weights of 2 channels
+    broadcast over 4 and 2 samples kept apart; against float64 products of the same values."""
+    rng = np.random.default_rng(cols + 10 * int(wtype))
+    k, rows = 1000, 37
+    w = rng.standard_normal((2, 2, rows, k)).astype(np.float32)
+    w = w.astype(np.float16) if wtype == Type.F16 else w
+    x = rng.standard_normal((2, 4, cols, k)).astype(np.float32)
+
+    def build(c):
+        a = ggml.new_tensor_4d(c, wtype, k, rows, 2, 2)
+        b = ggml.new_tensor_4d(c, Type.F32, k, cols, 4, 2)
+        out = ggml.mul_mat(c, a, b)
+        assert ck.cuda_should_use_mmvf(out) and not ck.cuda_mul_mat_uses_cublas(out)
+        return out, (a, b)
+
+    with emu.emu_schedule(schedule):
+        got = _compute(cuda, build, (w, x)).reshape(2, 4, cols, rows)
+    want = np.einsum("scrk,scjk->scjr", np.repeat(w.astype(np.float64), 2, axis=1), x.astype(np.float64))
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-12        # F32 sums of exact products
+    assert f"mul_mat_vec_{ck.MMVF_TYPES[wtype]}_{cols}" in LAUNCHED
+
+
+def test_which_float_products_take_the_mat_vec(cuda):
+    """ggml's rule: F32 up to 3 columns; F16 one column of at most 512 rows or one matrix; odd rows
+    and strides that are not whole pairs go to cuBLAS."""
+    c = ggml.init(mem_size=32 * ggml.tensor_overhead(), no_alloc=True)
+    try:
+        def mm(wtype, k, rows, mats, cols):
+            return ggml.mul_mat(c, ggml.new_tensor_3d(c, wtype, k, rows, mats),
+                                ggml.new_tensor_3d(c, Type.F32, k, cols, mats))
+        assert ck.cuda_should_use_mmvf(mm(Type.F32, 64, 1000, 4, 3))
+        assert not ck.cuda_should_use_mmvf(mm(Type.F32, 64, 8, 1, 4))
+        assert ck.cuda_should_use_mmvf(mm(Type.F16, 64, 512, 8, 1))
+        assert ck.cuda_should_use_mmvf(mm(Type.F16, 64, 4096, 1, 1))
+        assert not ck.cuda_should_use_mmvf(mm(Type.F16, 64, 513, 2, 1))
+        assert not ck.cuda_should_use_mmvf(mm(Type.F16, 64, 16, 1, 2))
+        assert not ck.cuda_should_use_mmvf(mm(Type.F32, 63, 16, 1, 1))
+        assert ck.cuda_mul_mat_uses_cublas(mm(Type.F16, 64, 16, 1, 2))
+        assert not ck.cuda_mul_mat_uses_cublas(mm(Type.Q8_0, 64, 16, 1, 8))
+        assert ck.cuda_mul_mat_uses_cublas(mm(Type.Q8_0, 64, 16, 1, 9))
+    finally:
+        ggml.free(c)
+
+
+def _norm_times(c, x, g, mul_first=False, extra_use=False):
+    n = ggml.rms_norm(c, x, 1e-6)
+    out = ggml.mul(c, g, n) if mul_first else ggml.mul(c, n, g)
+    return ggml.add(c, out, n) if extra_use else out
+
+
+@pytest.mark.parametrize("shape,gshape,mul_first", [((1500, 3, 2), (1500,), False), ((64, 5, 1), (64, 5, 1), True),
+                                                    ((64, 4, 3), (64, 1, 3), False)])
+def test_rms_norm_mul_fused_is_bit_for_bit_the_two_kernels(cuda, shape, gshape, mul_first, monkeypatch):
+    """The gain broadcast over rows, or over rows of one channel; the norm as MUL's first or second
+    operand. Fused: one launch fewer, and the same bits as with GGML_CUDA_DISABLE_FUSION=1."""
+    rng = np.random.default_rng(len(shape) + shape[0])
+    x = rng.standard_normal(shape[::-1]).astype(np.float32)
+    g = rng.uniform(0.5, 1.5, gshape[::-1]).astype(np.float32)
+
+    def build(c):
+        a = ggml.new_tensor(c, Type.F32, 3, list(shape))
+        b = ggml.new_tensor(c, Type.F32, len(gshape), list(gshape))
+        return _norm_times(c, a, b, mul_first), (a, b)
+
+    def run():
+        before = emu.EMU_STATS["launches"]
+        got = _compute(cuda, build, (x, g))
+        return got, emu.EMU_STATS["launches"] - before
+
+    fused, n_fused = run()
+    monkeypatch.setenv("GGML_CUDA_DISABLE_FUSION", "1")
+    unfused, n_unfused = run()
+    assert "rms_norm_mul_f32" in LAUNCHED
+    assert (n_fused, n_unfused) == (1, 2)
+    assert np.array_equal(fused.view(np.uint32), unfused.view(np.uint32))
+    want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + 1e-6) * g
+    assert np.max(np.abs(fused - want)) < 1e-5
+
+
+def test_rms_norm_used_twice_is_not_fused(cuda):
+    from ggml_lite.backends.cuda import graphs
+    c = ggml.init(mem_size=16 * ggml.tensor_overhead() + 2 * ggml.graph_overhead(), no_alloc=True)
+    try:
+        x, g = ggml.new_tensor_2d(c, Type.F32, 64, 2), ggml.new_tensor_1d(c, Type.F32, 64)
+        for extra_use, fusable in ((False, True), (True, False)):
+            gf = ggml.new_graph(c)
+            ggml.build_forward_expand(gf, _norm_times(c, x, g, extra_use=extra_use))
+            i = next(i for i, n in enumerate(gf.nodes) if n.op == ggml.Op.RMS_NORM)
+            assert graphs.cuda_can_fuse_rms_norm_mul(gf, i) is fusable
+    finally:
+        ggml.free(c)
 
 
 def test_every_kernel_of_the_sources_ran(cuda):

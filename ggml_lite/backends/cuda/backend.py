@@ -23,6 +23,9 @@ from ggml_lite.backends.cuda.kernels import (CPY_FLOAT_TYPES, CPY_QUANT_TYPES,
                                              cuda_op_soft_max, cuda_op_swiglu,
                                              cuda_op_unary, import_cupy)
 from ggml_lite.backends.cuda.kernels import SET_ROWS_TYPES, cuda_op_set_rows
+from ggml_lite.backends.cuda.kernels import cuda_op_rms_norm_mul
+from ggml_lite.backends.cuda.graphs import (cuda_can_fuse_rms_norm_mul,
+                                            cuda_graph_compute)
 from ggml_lite.backends.cuda.buffer import (D2D, D2H, H2D, CUDABuffer, CUDABufferType,
                                             CUDAHostBufferType, cuda_alloc_size)
 from ggml_lite.core import GGMLError, Status
@@ -90,23 +93,43 @@ def _cuda_cpy_tensor_async(backend_src, backend_dst, src, dst):
     return True
 
 # %% book/11_cuda.ipynb #b7d9f1a3c4
-def _cuda_graph_compute(ctx, cgraph):
-    """ggml_backend_cuda_graph_compute: every node's kernels queued on ctx's stream."""
+def _check_node(ctx, node):
+    if not cuda_supports_op(node, ctx.device_id):
+        raise GGMLError(f"CUDA{ctx.device_id} graph_compute: unsupported node "
+                        f"'{node.name}' ({op_desc(node)}, "
+                        f"{type_name(node.type)}, ne={node.ne}); "
+                        "backend_supports_op says so")
+    _check_on_device(node, ctx.device_id)
+
+
+def _cuda_evaluate(ctx, cgraph, keep):
+    """ggml_cuda_graph_evaluate_and_capture's walk: every node's kernels queued on ctx's
+    stream, an RMS_NORM and its MUL as one; the nodes' scratch freed after each, or
+    appended to keep (a list) for a graph being captured."""
     cp = import_cupy()
+    nodes, i = cgraph.nodes, 0
     with cp.cuda.Device(ctx.device_id), ctx.stream:
-        for node in cgraph.nodes:
-            if node.op in _NO_COMPUTE or is_empty(node):
-                continue
-            if not cuda_supports_op(node, ctx.device_id):
-                raise GGMLError(f"CUDA{ctx.device_id} graph_compute: unsupported node "
-                                f"'{node.name}' ({op_desc(node)}, "
-                                f"{type_name(node.type)}, ne={node.ne}); "
-                                "backend_supports_op says so")
-            _check_on_device(node, ctx.device_id)
-            try:
-                _compute_forward(ctx, node)
-            finally:
-                ctx._scratch.clear()        # the pool reuses it in stream order: safe
+        while i < len(nodes):
+            node, fused = nodes[i], False
+            if node.op not in _NO_COMPUTE and not is_empty(node):
+                _check_node(ctx, node)
+                fused = cuda_can_fuse_rms_norm_mul(cgraph, i)
+                try:
+                    if fused:
+                        _check_node(ctx, nodes[i + 1])
+                        cuda_op_rms_norm_mul(ctx, node, nodes[i + 1])
+                    else:
+                        _compute_forward(ctx, node)
+                finally:
+                    if keep is not None:
+                        keep.extend(ctx._scratch)
+                    ctx._scratch.clear()  # the pool reuses it in stream order: safe
+            i += 2 if fused else 1
+
+
+def _cuda_graph_compute(ctx, cgraph):
+    """ggml_backend_cuda_graph_compute: the walk, or one captured graph's launch."""
+    cuda_graph_compute(ctx, cgraph, _cuda_evaluate)
     return Status.SUCCESS
 
 # %% book/11_cuda.ipynb #cuda-backend-stream
@@ -123,6 +146,9 @@ class _CUDABackend(Backend):
             self.stream = cp.cuda.Stream(non_blocking=True)
             self.copy_event = cp.cuda.Event(disable_timing=True)
         self._scratch = []          # this node's pool allocations
+        self.cuda_graphs = {}       # first node's address -> CUDAGraph
+        self.graph_stats = dict(eager=0, captures=0, replays=0, incompatible=0,
+                                capture_failed=0)
         self._pending = []          # host arrays that queued copies still read or write
 
     def get_name(self):
@@ -229,7 +255,8 @@ def cuda_supports_op(op, device_id=0):
                 and is_contiguous(src0) and is_contiguous(op))
     if op.op == Op.GLU:
         src1 = op.src[1]
-        return (get_glu_op(op) == GluOp.SWIGLU and src0.type in f32_or_f16
+        return (get_glu_op(op) in (GluOp.SWIGLU, GluOp.GEGLU)
+                and src0.type in f32_or_f16
                 and op.type == src0.type
                 and is_contiguous_1(src0) and src0.nb[0] == type_size(src0.type)
                 and is_contiguous(op)

@@ -154,3 +154,12 @@ extern "C" __global__ void swiglu_f16(const ggml_half * x, const ggml_half * g,
         const int64_t o1) {
     unary_gated_op_kernel<op_silu, ggml_half>(x, g, dst, k, n, o0, o1);
 }
+extern "C" __global__ void geglu_f32(const float * x, const float * g, float * dst,
+        const int64_t k, const int64_t n, const int64_t o0, const int64_t o1) {
+    unary_gated_op_kernel<op_gelu, float>(x, g, dst, k, n, o0, o1);
+}
+extern "C" __global__ void geglu_f16(const ggml_half * x, const ggml_half * g,
+        ggml_half * dst, const int64_t k, const int64_t n, const int64_t o0,
+        const int64_t o1) {
+    unary_gated_op_kernel<op_gelu, ggml_half>(x, g, dst, k, n, o0, o1);
+}

@@ -8,6 +8,7 @@
 #include "common.cuh"
 
 #define GGML_TYPE_Q4_0 2
+#define GGML_TYPE_Q4_1 3
 #define GGML_TYPE_Q5_0 6
 #define GGML_TYPE_Q5_1 7
 #define GGML_TYPE_Q8_0 8
@@ -19,6 +20,7 @@
 
 // 32-bit words of a weight block a thread takes per step (vecdotq.cuh)
 #define VDR_Q4_0_Q8_1_MMVQ 2
+#define VDR_Q4_1_Q8_1_MMVQ 2
 #define VDR_Q5_0_Q8_1_MMVQ 2
 #define VDR_Q5_1_Q8_1_MMVQ 2
 #define VDR_Q8_0_Q8_1_MMVQ 2
@@ -124,6 +126,25 @@ static __device__ __forceinline__ float vec_dot_q5_1_q8_1(
     const float m5s8 = ggml_half_to_float(bq5_1->m) * ggml_half_to_float(bq8_1->s);
     // m5 * s8 once per block: QI5_1 / vdr threads share it
     return sumi * d5d8 + m5s8 / (QI5_1 / VDR_Q5_1_Q8_1_MMVQ);
+}
+
+// %% book/11_cuda.ipynb #cu-mmvq-cu-q4-1
+#define QI4_1 (QK4_1 / (4 * QR4_1))
+
+static __device__ __forceinline__ float vec_dot_q4_1_q8_1(
+        const void * vbq, const block_q8_1 * bq8_1, const int kbx, const int iqs) {
+    const block_q4_1 * bq4_1 = (const block_q4_1 *) vbq + kbx;
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < VDR_Q4_1_Q8_1_MMVQ; ++i) {
+        const int v = get_int_b4(bq4_1->qs, iqs + i);
+        sumi = __dp4a((v >> 0) & 0x0F0F0F0F, get_int_b4(bq8_1->qs, iqs + i), sumi);
+        sumi = __dp4a((v >> 4) & 0x0F0F0F0F, get_int_b4(bq8_1->qs, iqs + i + QI4_1),
+                      sumi);
+    }
+    const float d4d8 = ggml_half_to_float(bq4_1->d) * ggml_half_to_float(bq8_1->d);
+    const float m4s8 = ggml_half_to_float(bq4_1->m) * ggml_half_to_float(bq8_1->s);
+    return sumi * d4d8 + m4s8 / (QI4_1 / VDR_Q4_1_Q8_1_MMVQ);
 }
 
 // %% book/11_cuda.ipynb #cu-mmvq-cu-1
@@ -322,6 +343,7 @@ template <int type> struct mmvq_type;
     };
 
 MMVQ_TYPE(GGML_TYPE_Q4_0, QK4_0, QI4_0, VDR_Q4_0_Q8_1_MMVQ, vec_dot_q4_0_q8_1)
+MMVQ_TYPE(GGML_TYPE_Q4_1, QK4_1, QI4_1, VDR_Q4_1_Q8_1_MMVQ, vec_dot_q4_1_q8_1)
 MMVQ_TYPE(GGML_TYPE_Q5_0, QK5_0, QI5_0, VDR_Q5_0_Q8_1_MMVQ, vec_dot_q5_0_q8_1)
 MMVQ_TYPE(GGML_TYPE_Q5_1, QK5_1, QI5_1, VDR_Q5_1_Q8_1_MMVQ, vec_dot_q5_1_q8_1)
 MMVQ_TYPE(GGML_TYPE_Q8_0, QK8_0, QI8_0, VDR_Q8_0_Q8_1_MMVQ, vec_dot_q8_0_q8_1)
@@ -458,6 +480,7 @@ static __device__ __forceinline__ void mul_mat_vec_q(
     MMVQ_KERNEL(name, type, 7) MMVQ_KERNEL(name, type, 8)
 
 MMVQ_KERNELS(mul_mat_vec_q4_0_q8_1, GGML_TYPE_Q4_0)
+MMVQ_KERNELS(mul_mat_vec_q4_1_q8_1, GGML_TYPE_Q4_1)
 MMVQ_KERNELS(mul_mat_vec_q5_0_q8_1, GGML_TYPE_Q5_0)
 MMVQ_KERNELS(mul_mat_vec_q5_1_q8_1, GGML_TYPE_Q5_1)
 MMVQ_KERNELS(mul_mat_vec_q8_0_q8_1, GGML_TYPE_Q8_0)

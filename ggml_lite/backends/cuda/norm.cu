@@ -69,3 +69,42 @@ extern "C" __global__ void rms_norm_f32(
         dst[col] = scale * x[col];
     }
 }
+
+// %% book/11_cuda.ipynb #cu-norm-cu-2
+// RMS_NORM followed by its MUL, in one kernel (ggml's rms_norm_f32 with do_multiply):
+// the row's scale as above, each value written as scale * x * mul, the multiplier
+// broadcast over rows, channels and samples by modulo.
+extern "C" __global__ void rms_norm_mul_f32(
+        const float * x, float * dst, const int ncols, const int64_t stride_row,
+        const int64_t stride_channel, const int64_t stride_sample, const float eps,
+        const float * mul, const int64_t mul_stride_row,
+        const int64_t mul_stride_channel, const int64_t mul_stride_sample,
+        const int mul_ncols, const int mul_nrows, const int mul_nchannels,
+        const int mul_nsamples) {
+    const int nrows     = gridDim.x;
+    const int nchannels = gridDim.y;
+    const int row       = blockIdx.x;
+    const int channel   = blockIdx.y;
+    const int sample    = blockIdx.z;
+    const int tid       = threadIdx.x;
+
+    x   += sample * stride_sample + channel * stride_channel + row * stride_row;
+    dst += (((int64_t) sample * nchannels + channel) * nrows + row) * ncols;
+    mul += (sample % mul_nsamples) * mul_stride_sample
+         + (channel % mul_nchannels) * mul_stride_channel
+         + (row % mul_nrows) * mul_stride_row;
+
+    float tmp = 0.0f;
+    for (int col = tid; col < ncols; col += blockDim.x) {
+        const float xi = x[col];
+        tmp += xi * xi;
+    }
+    __shared__ float s_sum[32];
+    tmp = block_reduce<false>(tmp, s_sum);
+
+    const float mean = tmp / ncols;
+    const float scale = rsqrtf(mean + eps);
+    for (int col = tid; col < ncols; col += blockDim.x) {
+        dst[col] = scale * x[col] * mul[col % mul_ncols];
+    }
+}
