@@ -267,7 +267,8 @@ def ggml_backend_init():
     return backend_cpu_reg()
 
 # %% book/07d_backend_registry.ipynb #var-backend-score
-from ggml_lite.backends.cpu.variants import cpu_features, cpu_variant_load, cpu_variant_score
+from ggml_lite.backends.cpu.variants import (cpu_features, cpu_variant_load,
+                                             cpu_variant_score)
 
 
 def ggml_backend_score():

@@ -90,15 +90,17 @@ def cpu_features():
 
 # %% book/07d_backend_registry.ipynb #var-target
 _retired_engines = []    # the JIT engines of earlier targets: their code stays callable
+# the LLVM processor each variant is named after (gcc's -march of that name)
+_LLVM_CPU = {"x64": "x86-64", "sse42": "x86-64-v2", "sandybridge": "sandybridge",
+             "haswell": "haswell", "skylakex": "skylake-avx512",
+             "icelake": "icelake-server"}
 
 
 def _numba_target(variant):
     """The (CPU name, features) numba compiles the variant for."""
     needs = dict(SCORE_OPTIONS)
     feats = [f for option in CPU_VARIANTS[variant] for f in needs[option]]
-    if "avx512f" in feats:
-        feats.append("prefer-256-bit")
-    return "x86-64", ",".join("+" + f for f in feats)
+    return _LLVM_CPU[variant], ",".join("+" + f for f in feats)
 
 
 def _retarget_numba(cpu_name, features):
