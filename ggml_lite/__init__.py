@@ -259,7 +259,7 @@ from .backend import (  # noqa: F401  (book/07b_backend_streams.ipynb, book/07d_
     backend_reg_dev_get,
     backend_reg_get_proc_address,
 )
-from .backends.cpu.backend import (  # noqa: F401  (book/07c_backend_devices.ipynb)
+from .backends.cpu.backend import (  # noqa: F401  (book/07c_backend_devices.ipynb, book/07d_backend_registry.ipynb)
     backend_cpu_reg,
     backend_cpu_init,
     backend_is_cpu,

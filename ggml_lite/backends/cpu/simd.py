@@ -352,6 +352,9 @@ def vpick2(typingctx, v, i, j, n):
     return Vec(v.dtype, k)(v, i, j, n), codegen
 
 # %% book/92_making_python_fast.ipynb #kern-simd-x86
+from ggml_lite.backends.cpu.variants import cpu_variant_load
+
+
 def _target_features():
     """The x86 features numba compiles for: those of NUMBA_CPU_FEATURES when it is set,
     the host's when numba targets the host (its default), none for any other
@@ -364,6 +367,8 @@ def _target_features():
     return {name for name, on in llvm.get_host_cpu_features().items() if on}
 
 
+# numba compiles for the CPU variant from here on (chapter 07d)
+CPU_VARIANT = cpu_variant_load()
 _FEATURES = _target_features()
 AVX2 = "avx2" in _FEATURES   # pmaddubsw, pmaddwd on 32 bytes
 AVX512_VNNI = AVX2 and {"avx512vnni", "avx512vl"} <= _FEATURES   # vpdpbusd on 32 bytes
