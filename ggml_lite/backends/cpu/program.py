@@ -235,14 +235,15 @@ def call_task(typingctx, fn, prog_addr, fp_addr, rows, k, state_addr, owner_addr
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
     """Task k of the program on thread ith of nth, through the address in its row: a
-    task function of the table, an extra buffer type's task (TASK_EXTRA), or none: a
-    call back to Python. Returns 0, or nonzero when the task failed."""
-    if prog[k, KIND] == TASK_EXTRA:   # ARG: the task's function, then its own integers
+    task function of the table, an extra buffer type's task (TASK_EXTRA), or, for a
+    TASK_PYTHON row or one without an address, a call back to Python. Returns 0, or
+    nonzero when the task failed."""
+    kind, fn = prog[k, KIND], prog[k, FN]
+    if kind == TASK_EXTRA:   # ARG: the task's function, then its own integers
         return call_extra(prog[k, ARG], prog.ctypes.data, prog.shape[0], k,
                           state.ctypes.data, ith, nth)
-    fn = prog[k, FN]
     r = CALL_PYTHON
-    if fn != 0:
+    if kind != TASK_PYTHON and fn != 0:
         r = call_task(fn, prog.ctypes.data, fp.ctypes.data, prog.shape[0], k,
                       state.ctypes.data, owner.ctypes.data, owner.size, ith, nth)
     if r == CALL_PYTHON:
