@@ -36,6 +36,7 @@ def seen():
                 q8_K=len(Q.quantize_row_q8_K_ref.signatures),
                 any_quantize=len(Q.quantize_row.signatures),
                 any_dequantize=len(Q.dequantize_row.signatures),
+                any_from_float=len(Q.from_float_row.signatures),
                 stderr=sys.stderr.getvalue())
 
 ctx = ggml.init(mem_size=32 << 20)
@@ -62,7 +63,22 @@ ggml.build_forward_expand(gf, y)
 ggml.graph_compute_with_ctx(ctx, gf, 2)
 ref = blocks["qs"].astype(np.float64).reshape(M, K).sum(1)
 ok = bool(np.allclose(y.numpy().reshape(-1), ref, rtol=1e-3, atol=1e-2))
-print(json.dumps(dict(add=after_add, matvec=seen(), matvec_ok=ok)), file=err)
+after_matvec = seen()
+# an F16 weight (src1 converted to F16) and a Q8_0 get_rows: still no switch over all types
+w16 = ggml.new_tensor_2d(ctx, ggml.Type.F16, K, 8)
+w16.numpy()[...] = np.float16(0.25)
+idx = ggml.new_tensor_1d(ctx, ggml.Type.I32, 2)
+idx.numpy()[...] = [3, 1]
+y16, rows = ggml.mul_mat(ctx, w16, x), ggml.get_rows(ctx, w, idx)
+gf = ggml.new_graph(ctx)
+ggml.build_forward_expand(gf, y16)
+ggml.build_forward_expand(gf, rows)
+ggml.graph_compute_with_ctx(ctx, gf, 2)
+ok16 = bool(np.allclose(y16.numpy(), 0.25 * 2.0 * K))
+deq = blocks["qs"].reshape(M, K)[[3, 1]].astype(np.float32) * np.float32(0.5)
+ok_rows = bool(np.array_equal(rows.numpy().reshape(2, K), deq))
+print(json.dumps(dict(add=after_add, matvec=after_matvec, matvec_ok=ok, more=seen(),
+                      f16_ok=ok16, rows_ok=ok_rows)), file=err)
 """
 
 
@@ -89,9 +105,16 @@ def test_a_graph_compiles_only_the_task_functions_it_needs(tmp_path):
                           [P.TASK_MUL_MAT_Q, q8]]
     assert mv["chunks_q"] == [f"Literal[int]({q8})"]
     assert mv["q8_0"] >= 1 and mv["q8_K"] == 0
-    assert mv["any_quantize"] == 0 and mv["any_dequantize"] == 0
+    assert mv["any_quantize"] == 0 and mv["any_dequantize"] == 0 and mv["any_from_float"] == 0
     assert "(mul_mat_src1 Q8_0, mul_mat_q Q8_0)" in mv["stderr"]
     assert cold["matvec_ok"]
+    # src1 to F16 and the rows of a Q8_0 table: keyed by type, and still no switch over all
+    # types (a literal whose function cannot be typed would fall back to it silently)
+    more = cold["more"]
+    assert [P.TASK_MUL_MAT_SRC1, int(Type.F16)] in more["keys"]
+    assert [P.TASK_GET_ROWS, q8] in more["keys"]
+    assert (more["any_quantize"], more["any_dequantize"], more["any_from_float"]) == (0, 0, 0)
+    assert cold["f16_ok"] and cold["rows_ok"]
     # the same process again: everything from the cache, and no announcement
     warm = _probe(tmp_path)
     assert warm["add"]["stderr"] == "" and warm["matvec"]["stderr"] == ""

@@ -236,8 +236,20 @@ overload(dequantize_row_of, prefer_literal=True)(_row_of_type(DEQUANTIZE_ROWS,
                                                               dequantize_row))
 overload(quantize_row_of, prefer_literal=True)(_row_of_type(QUANTIZE_ROWS,
                                                             quantize_row))
-_FROM_FLOAT_ROWS = {**QUANTIZE_ROWS,
-                    _F16: lambda x, y: cpu_fp32_to_fp16(x, y.view(np.uint16)),
-                    _BF16: lambda x, y: fp32_to_bf16_row(x, y.view(np.uint16))}
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _f16_row(x, y):
+    cpu_fp32_to_fp16(x, y.view(np.uint16))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bf16_row(x, y):
+    fp32_to_bf16_row(x, y.view(np.uint16))
+
+
+# (compiled functions only: where a literal's function cannot be typed, numba falls back
+# to the switch over every type, and compiles every quantizer)
+_FROM_FLOAT_ROWS = {**QUANTIZE_ROWS, _F16: _f16_row, _BF16: _bf16_row}
 overload(from_float_row_of, prefer_literal=True)(_row_of_type(_FROM_FLOAT_ROWS,
                                                               from_float_row))
