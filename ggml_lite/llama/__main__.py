@@ -82,6 +82,8 @@ def _parse_args(argv):
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true", help="no load progress bar")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="no warm-up run before the prompt")
     return ap.parse_args(argv)
 
 # %% book/93_llama_product.ipynb #8d4c2f6a1e57
@@ -104,6 +106,22 @@ def _check_args(args):
                         "comma-separated backend indices "
                         f"(integers into --device), e.g. 0,0,1,1") from None
 
+# %% book/93_llama_product.ipynb #llama-cli-warmup
+def _warm_up(m):
+    """common_init_from_params' warm-up (llama.cpp's common/common.cpp): one decode of
+    BOS and EOS, then the KV cache cleared and the timings reset
+    (llama_perf_context_reset), so that what a first run costs (here: numba compiling
+    the kernels on a fresh machine) stays out of the prompt's figures. Unlike llama-cli,
+    it comes after the prompt is shown, and a one-token decode follows the first: the
+    decode step's graph reaches kernels that a two-token batch does not (the F16
+    product of the KV cache without llamafile's sgemm)."""
+    bos = m.vocab.bos if m.vocab is not None else None
+    tmp = [t for t in (bos, m.eos) if t is not None] or [0]
+    m.eval(tmp[:m.n_batch], 0, logits_all=False)
+    m.eval(tmp[:1], 0, logits_all=False)
+    m.kv.n_filled = 0
+    m.timings.update(n_p_eval=0, t_p_eval_ms=0.0, n_eval=0, t_eval_ms=0.0, n_reused=0)
+
 # %% book/93_llama_product.ipynb #fe159a58764c
 def _run(args, state):
     layers_on = _check_args(args)
@@ -122,6 +140,8 @@ def _run(args, state):
     sys.stdout.write(args.prompt)
     # shown before the first token is computed
     sys.stdout.flush()
+    if not args.no_warmup:
+        _warm_up(m)
     # a character may span byte tokens
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
 

@@ -296,7 +296,7 @@ def graph_compute_with_ctx(ctx, cgraph, n_threads=DEFAULT_N_THREADS):
     return status
 
 # %% book/92_making_python_fast.ipynb #native-lower
-from ggml_lite.backends.cpu import program as P
+from ggml_lite.backends.cpu import program as P, tasks as T
 from ggml_lite.backends.cpu.sgemm import mul_mat_sgemm
 
 _BINARY_CODE = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}    # the kernels' op ids
@@ -541,7 +541,7 @@ def _lower(cgraph, cplan, tasks, p):
             fp[k, :len(fparams)] = fparams
             keep.append(arrays)
             k += 1
-    return prog, fp, keep
+    return T.with_task_functions(prog), fp, keep
 
 # %% book/92_making_python_fast.ipynb #native-class
 class _Native:

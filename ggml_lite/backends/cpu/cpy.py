@@ -11,7 +11,8 @@ from numba.extending import overload
 from ggml_lite.backends.cpu.common import (
     check_4d, cpu_fp32_to_fp16, get_thread_range, ld, ne_of, st)
 from ggml_lite.backends.cpu.quants import (
-    QUANTIZED, dequantize_row, quantize_row, storage_any)
+    QUANTIZED, dequantize_row, dequantize_row_of, quantize_row, quantize_row_of,
+    storage_any)
 from ggml_lite.backends.cpu.vexp import row_c
 from ggml_lite.core import GGMLError
 from ggml_lite.types import Type, blck_size, row_size, type_name, type_size
@@ -27,7 +28,7 @@ def _get_row(x, ta, y):
     quantized rows dequantized), or I32 copied as it is."""
 
 
-@overload(_get_row)
+@overload(_get_row, prefer_literal=True)
 def _get_row_impl(x, ta, y):
     if isinstance(y.dtype, types.Integer):
         def copy(x, ta, y):
@@ -40,7 +41,7 @@ def _get_row_impl(x, ta, y):
             for k in range(y.shape[0]):
                 y[k] = ld(x[k], ta)
         else:
-            dequantize_row(ta, x, y)
+            dequantize_row_of(ta, x, y)
     return to_float
 
 
@@ -107,10 +108,10 @@ def _set_row(b, i, td, d, i1):
 # inline="always", and element by element where a row is short: a call, or a row view
 # (with its reference count), per row cost more than the row when a row is one element
 # (the V cache written transposed: one row per value)
-@overload(_set_row, inline="always")
+@overload(_set_row, inline="always", prefer_literal=True)
 def _set_row_impl(b, i, td, d, i1):
     if d.dtype == types.uint8:
-        return lambda b, i, td, d, i1: quantize_row(td, b[i], d[i1])
+        return lambda b, i, td, d, i1: quantize_row_of(td, b[i], d[i1])
 
     def store(b, i, td, d, i1):
         for k in range(b.shape[1]):

@@ -42,10 +42,12 @@ def barrier(state):
 # %% book/06_cpu_compute.ipynb #native-layout
 # One row of int64 per task. ARG: 8 integers of the task's kind, the last (STRIDED)
 # saying which arrays are strided. SLOT: 4 arrays (dst, src0, src1, extra), each as its
-# address, 4 ne and 4 strides in bytes, in numpy's order (ne3 first).
+# address, 4 ne and 4 strides in bytes, in numpy's order (ne3 first). FN: the address
+# of the task's compiled function (0: none, a call back to Python).
 KIND, NTH, NODE, ARG, SLOT = 0, 1, 2, 3, 11
 STRIDED = ARG + 7
-ROW_SIZE = SLOT + 4 * 9
+FN = SLOT + 4 * 9
+ROW_SIZE = FN + 1
 N_FPARAMS = 8                      # float32 op params per task, in a second array
 
 (TASK_PYTHON, TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM,
@@ -150,8 +152,9 @@ def _strided(prog, k, s, dtype):
         dtype)
 
 
-# (public: an extra buffer type's compiled task reads its slots with it, 07c)
-slot_view = _array
+# (public: an extra buffer type's compiled task reads its slots with it, 07c; the task
+# functions too)
+slot_view, slot_strided_view = _array, _strided
 
 
 def set_slot(row, s, arr):
@@ -198,293 +201,88 @@ def _call_abort(slot):
         r = _python_abort(slot)
     return r
 
-# %% book/92_making_python_fast.ipynb #native-run-rows
-from ggml_lite.backends.cpu import binary_ops as B
-from ggml_lite.backends.cpu import cpy as C
-from ggml_lite.backends.cpu import ops as K
-from ggml_lite.backends.cpu import sgemm as S
-from ggml_lite.backends.cpu import unary_ops as U
-from ggml_lite.backends.cpu import vec as V
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _get_rows_task(prog, k, ith, nth):
-    t, s, f32 = prog[k, ARG], prog[k, ARG + 1], np.float32
-    idx = _strided(prog, k, 2, np.int32)
-    if s == ST_F32:
-        return C.get_rows_kernel(_strided(prog, k, 1, f32), t, idx,
-                                 _strided(prog, k, 0, f32), ith, nth)
-    if s == ST_U16:
-        return C.get_rows_kernel(_strided(prog, k, 1, np.uint16), t, idx,
-                                 _strided(prog, k, 0, f32), ith, nth)
-    if s == ST_U8:
-        return C.get_rows_kernel(_strided(prog, k, 1, np.uint8), t, idx,
-                                 _strided(prog, k, 0, f32), ith, nth)
-    return C.get_rows_kernel(_strided(prog, k, 1, np.int32), t, idx,
-                             _strided(prog, k, 0, np.int32), ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _set_rows_into(prog, k, idx, ith, nth):
-    td, s, b = prog[k, ARG], prog[k, ARG + 1], _strided(prog, k, 1, np.float32)
-    if s == ST_F32:
-        return C.set_rows_kernel(b, idx, _strided(prog, k, 0, np.float32), td, ith, nth)
-    if s == ST_U16:
-        return C.set_rows_kernel(b, idx, _strided(prog, k, 0, np.uint16), td, ith, nth)
-    return C.set_rows_kernel(b, idx, _strided(prog, k, 0, np.uint8), td, ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _set_rows_task(prog, k, ith, nth):
-    if prog[k, ARG + 2] == ST_I64:
-        return _set_rows_into(prog, k, _strided(prog, k, 2, np.int64), ith, nth)
-    return _set_rows_into(prog, k, _strided(prog, k, 2, np.int32), ith, nth)
-
-# %% book/92_making_python_fast.ipynb #native-run-elementwise
-@njit(cache=True, nogil=True, error_model="numpy")
-def _rope_task(prog, fp, k, ith, nth):
-    a = ARG
-    pos, ff = (_strided(prog, k, 2, np.int32)[0, 0, 0],
-               _strided(prog, k, 3, np.float32)[0, 0, 0])
-    t, has_ff, n_dims, mode = (prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2],
-                               prog[k, a + 3])
-    if prog[k, a + 4] == ST_F32:
-        x, y = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1],
-                      fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
-    else:
-        x, y = _strided(prog, k, 1, np.uint16), _strided(prog, k, 0, np.uint16)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1],
-                      fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _soft_max_task(prog, fp, k, ith, nth):
-    x, y, tm, has_mask = (_strided(prog, k, 1, np.float32),
-                          _strided(prog, k, 0, np.float32),
-                          prog[k, ARG], prog[k, ARG + 1] != 0)
-    if prog[k, ARG + 2] == ST_F32:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask,
-                          fp[k, 0], fp[k, 1], ith, nth)
-    else:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask,
-                          fp[k, 0], fp[k, 1], ith, nth)
-
-# %% book/92_making_python_fast.ipynb #417371a7
-@njit(cache=True, nogil=True, error_model="numpy")
-def _glu_task(prog, fp, k, ith, nth):
-    a = ARG
-    op, offa, offb, t = prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3]
-    if prog[k, a + 4] == ST_F32:
-        dt = np.float32
-        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt), offa, offb, t, fp[k, 0], fp[k, 1],
-                     ith, nth)
-    else:
-        dt = np.uint16
-        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt), offa, offb, t, fp[k, 0], fp[k, 1],
-                     ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _dup_task(prog, k, ith, nth):
-    """The float copy (cpy, cont, dup) between F32 and F16/BF16 bits, any strides on
-    both sides."""
-    ta, td, same, s = (prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0,
-                       prog[k, ARG + 3])
-    if s == 0:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta,
-                         _strided(prog, k, 0, np.float32), td, same, ith, nth)
-    elif s == 1:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta,
-                         _strided(prog, k, 0, np.uint16), td, same, ith, nth)
-    elif s == 2:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta,
-                         _strided(prog, k, 0, np.float32), td, same, ith, nth)
-    else:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta,
-                         _strided(prog, k, 0, np.uint16), td, same, ith, nth)
-
-# %% book/92_making_python_fast.ipynb #native-run-mm
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mul_mat_f(prog, k, x, y, state, owner, ith, nth):
-    a = ARG
-    V.mul_mat_chunks_f_kernel(prog[k, a], prog[k, a + 1], x, y,
-                              _array(prog, k, 0, np.float32), prog[k, a + 3],
-                              prog[k, a + 4], prog[k, a + 5], prog[k, a + 6],
-                              state[CURRENT_CHUNK:CURRENT_CHUNK + 1], owner, ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
-    """F32 weights (dt float32) or F16/BF16 (dt uint16, src1 of the same bits)."""
-    s = prog[k, STRIDED]
-    if s == 0:
-        _mul_mat_f(prog, k, _array(prog, k, 1, dt), _array(prog, k, 2, dt), state,
-                   owner, ith, nth)
-    elif s == 2:                  # src0 strided (slot 1), src1 contiguous
-        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _array(prog, k, 2, dt), state,
-                   owner, ith, nth)
-    else:
-        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), state,
-                   owner, ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _sgemm_task(prog, k, dt, state, ith, nth):
-    """Slots: flat C, A, B and the int64 strides of S.gemm_planes; ARG: m, n, k, rn,
-    bm, storage."""
-    a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
-    S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0],
-                  _array(prog, k, 0, np.float32)[0, 0, 0],
-                  _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1],
-                  prog[k, a + 2], prog[k, a + 3], prog[k, a + 4], c, ith, nth)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mul_mat_src1_task(prog, k, ith, nth):
-    a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
-    if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
-        V.mul_mat_src1_kernel(prog[k, a], _strided(prog, k, 2, np.float32), w,
-                              prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
-    else:
-        V.mul_mat_src1_kernel(prog[k, a], _array(prog, k, 2, np.float32), w,
-                              prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
-
 # %% book/92_making_python_fast.ipynb #native-run-task
+# A task function's answer besides 0 (done) and 1 (failed): call the Python kernel back.
+CALL_PYTHON = 2
+
+
+def _call_codegen(context, builder, sig, vals):
+    """A call through the address vals[0] of a C function of int64 arguments that
+    returns an int64."""
+    vals = [context.cast(builder, v, t, types.int64) for v, t in zip(vals, sig.args)]
+    fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * (len(vals) - 1))
+    return builder.call(builder.inttoptr(vals[0], fnty.as_pointer()), vals[1:])
+
+
 @intrinsic
 def call_extra(typingctx, fn, prog_addr, rows, k, state_addr, ith, nth):
     """fn(prog_addr, rows, k, state_addr, ith, nth) -> int64, fn the address of a numba
     cfunc: an extra buffer type's task (chapter 07c), called through a pointer as ggml
     calls tensor_traits->compute_forward."""
-    def codegen(context, builder, sig, vals):
-        vals = [context.cast(builder, v, t, types.int64)
-                for v, t in zip(vals, sig.args)]
-        f = builder.inttoptr(
-            vals[0], ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6).as_pointer())
-        return builder.call(f, vals[1:])
-    return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), codegen
+    return types.int64(fn, prog_addr, rows, k, state_addr, ith, nth), _call_codegen
 
-# %% book/92_making_python_fast.ipynb #78bd57b7
-@njit(cache=True, nogil=True, error_model="numpy")
-def _elementwise_task(prog, fp, k, ith, nth):
-    """The F32 kernels of the binary ops, scale, rms_norm and norm (task kinds
-    TASK_BINARY, TASK_SCALE, TASK_RMS_NORM, TASK_NORM)."""
-    kind, a = prog[k, KIND], ARG
-    f32 = np.float32
-    if kind == TASK_BINARY:
-        if prog[k, STRIDED]:
-            B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32),
-                            _strided(prog, k, 2, f32), _strided(prog, k, 0, f32),
-                            0, 0, 0, ith, nth)
-        else:
-            B.binary_kernel(prog[k, a], _array(prog, k, 1, f32),
-                            _array(prog, k, 2, f32), _array(prog, k, 0, f32),
-                            0, 0, 0, ith, nth)
-    elif kind == TASK_SCALE:
-        K.scale_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0],
-                       fp[k, 1], ith, nth)
-    elif kind == TASK_RMS_NORM:
-        K.rms_norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0],
-                          ith, nth)
-    elif kind == TASK_NORM:
-        K.norm_kernel(_array(prog, k, 1, f32), _array(prog, k, 0, f32), fp[k, 0], ith,
-                      nth)
 
-# %% book/92_making_python_fast.ipynb #15c9ef41
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mul_mat_task(prog, k, state, owner, ith, nth):
-    """mul_mat's tasks: src1 to the vec_dot_type, then the chunk loop of a quantized,
-    F32 or F16/BF16 weight, or llamafile's sgemm."""
-    kind, a = prog[k, KIND], ARG
-    f32 = np.float32
-    if kind == TASK_MUL_MAT_SRC1:   # src1 to the vec_dot_type, a share per thread
-        if prog[k, a] >= 0:
-            _mul_mat_src1_task(prog, k, ith, nth)
-        if ith == 0:
-            atomic_store(state, CURRENT_CHUNK, nth)
-    elif kind == TASK_MUL_MAT_Q:
-        b = _array(prog, k, 2, f32)
-        V.mul_mat_chunks_q_kernel(prog[k, a], prog[k, a + 1],
-                                  _array(prog, k, 1, np.uint8),
-                                  _array(prog, k, 3, np.uint8)[0, 0, 0], prog[k, a + 2],
-                                  b.shape[2], b.shape[1], b.shape[0],
-                                  _array(prog, k, 0, f32), prog[k, a + 3],
-                                  prog[k, a + 4], prog[k, a + 5], prog[k, a + 6],
-                                  state[CURRENT_CHUNK:CURRENT_CHUNK + 1],
-                                  owner, ith, nth)
-    elif kind == TASK_MUL_MAT_F32:
-        _mul_mat_f_task(prog, k, f32, state, owner, ith, nth)
-    elif kind == TASK_MUL_MAT_F16:    # F16 or BF16 weights: uint16 bits on both sides
-        _mul_mat_f_task(prog, k, np.uint16, state, owner, ith, nth)
-    elif kind == TASK_SGEMM:   # llamafile's tinyBLAS (05): F32, or F16 bits both sides
-        if prog[k, a + 5] == ST_F32:
-            _sgemm_task(prog, k, f32, state, ith, nth)
-        else:
-            _sgemm_task(prog, k, np.uint16, state, ith, nth)
+@intrinsic
+def call_task(typingctx, fn, prog_addr, fp_addr, rows, k, state_addr, owner_addr,
+              n_owner, ith, nth):
+    """fn(prog_addr, fp_addr, rows, k, state_addr, owner_addr, n_owner, ith, nth) ->
+    int64, fn the address of a task function of the task table."""
+    sig = types.int64(fn, prog_addr, fp_addr, rows, k, state_addr, owner_addr, n_owner,
+                      ith, nth)
+    return sig, _call_codegen
 
-# %% book/92_making_python_fast.ipynb #879fc687
+# %% book/92_making_python_fast.ipynb #task-table-run
 @njit(cache=True, nogil=True, error_model="numpy")
 def run_task(prog, fp, k, ith, nth, state, owner, slot):
-    """Task k of the program on thread ith of nth: a compiled kernel, or a call back to
-    Python. Returns 0, or nonzero when the task failed. A compiled get_rows or set_rows
-    that meets an index out of range calls its Python kernel back, which raises the
-    error that names it."""
-    kind, a = prog[k, KIND], ARG
-    if (kind == TASK_BINARY or kind == TASK_SCALE or kind == TASK_RMS_NORM
-            or kind == TASK_NORM):
-        _elementwise_task(prog, fp, k, ith, nth)
-    elif (kind == TASK_MUL_MAT_SRC1 or kind == TASK_MUL_MAT_Q or kind == TASK_SGEMM
-          or kind == TASK_MUL_MAT_F32 or kind == TASK_MUL_MAT_F16):
-        _mul_mat_task(prog, k, state, owner, ith, nth)
-    elif kind == TASK_GET_ROWS:
-        if _get_rows_task(prog, k, ith, nth) >= 0:
-            return _call_python_task(slot, k, ith, nth)
-    elif kind == TASK_SET_ROWS:
-        if _set_rows_task(prog, k, ith, nth) >= 0:
-            return _call_python_task(slot, k, ith, nth)
-    elif kind == TASK_ROPE:
-        _rope_task(prog, fp, k, ith, nth)
-    elif kind == TASK_SOFT_MAX:
-        _soft_max_task(prog, fp, k, ith, nth)
-    elif kind == TASK_GLU:
-        _glu_task(prog, fp, k, ith, nth)
-    elif kind == TASK_COPY:    # same type, both contiguous: bytes, in blocks
-        C.copy_blocks_kernel(_array(prog, k, 1, np.uint8)[0, 0, 0],
-                             _array(prog, k, 0, np.uint8)[0, 0, 0], prog[k, a],
-                             ith, nth)
-    elif kind == TASK_DUP:
-        _dup_task(prog, k, ith, nth)
-    elif kind == TASK_EXTRA:   # ARG: the task's function, then its own integers
-        return call_extra(prog[k, a], prog.ctypes.data, prog.shape[0], k,
+    """Task k of the program on thread ith of nth, through the address in its row: a
+    task function of the table, an extra buffer type's task (TASK_EXTRA), or, for a
+    TASK_PYTHON row or one without an address, a call back to Python. Returns 0, or
+    nonzero when the task failed."""
+    kind, fn = prog[k, KIND], prog[k, FN]
+    if kind == TASK_EXTRA:   # ARG: the task's function, then its own integers
+        return call_extra(prog[k, ARG], prog.ctypes.data, prog.shape[0], k,
                           state.ctypes.data, ith, nth)
-    else:
+    r = CALL_PYTHON
+    if kind != TASK_PYTHON and fn != 0:
+        r = call_task(fn, prog.ctypes.data, fp.ctypes.data, prog.shape[0], k,
+                      state.ctypes.data, owner.ctypes.data, owner.size, ith, nth)
+    if r == CALL_PYTHON:
         return _call_python_task(slot, k, ith, nth)
-    return 0
+    return r
 
 # %% book/92_making_python_fast.ipynb #native-cache
 import hashlib
 from pathlib import Path
 
+from numba.core import config
+from numba.core.caching import UserProvidedCacheLocator
+
 import ggml_lite.backends.cpu
 
 
+def _cache_dir(here):
+    """Where numba keeps the cache of this package's CPU modules: under
+    NUMBA_CACHE_DIR when it is set, else in __pycache__ beside them."""
+    if config.CACHE_DIR:
+        sub = UserProvidedCacheLocator.get_suitable_cache_subpath(str(here / "x.py"))
+        return Path(config.CACHE_DIR) / sub
+    return here / "__pycache__"
+
+
 def _drop_stale_cache():
-    """numba keys a cached function by its own source file only, yet the loop's cached
-    machine code contains the kernels it calls (and the pool's polling function contains
-    the loop): after a kernel changes, the old copy would run. So the cache files of
-    this module and of threadpool.py are dropped whenever the sources they are built
-    from differ from last time. (Only the cache in __pycache__ next to the modules is
-    looked after.)"""
+    """numba keys a cached function by its own source file only, yet the task
+    functions' machine code contains the kernels they call (and the pool's polling
+    function contains the loop): after a kernel changes, the old copy would run. So the
+    cache files of this module, tasks.py and threadpool.py are dropped whenever the
+    sources they are built from (every module of the CPU backend, and the types' rows)
+    differ from last time."""
     here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
-    deps = [here / f for f in ("common.py", "binary_ops.py", "ops.py", "quants.py",
-                               "vec.py", "simd.py", "cpy.py", "unary_ops.py",
-                               "sgemm.py", "tiled.py", "program.py")]
-    deps.append(here.parents[1] / "types.py")
+    deps = sorted(here.glob("*.py")) + [here.parents[1] / f for f in
+                                        ("types.py", "quants_more.py", "half.py")]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps
                                      if p.exists())).hexdigest()
-    cache, stamp = here / "__pycache__", here / "__pycache__" / "program.deps"
+    cache = _cache_dir(here)
+    stamp = cache / "program.deps"
     try:
         old = stamp.read_text()
     except OSError:
@@ -492,10 +290,12 @@ def _drop_stale_cache():
     if old == digest:
         return
     try:
-        for f in [*cache.glob("program.*.nb[ic]"), *cache.glob("threadpool.*.nb[ic]")]:
-            f.unlink()
+        for m in ("program", "tasks", "threadpool"):
+            for f in cache.glob(f"{m}.*.nb[ic]"):
+                f.unlink()
+        cache.mkdir(parents=True, exist_ok=True)
         stamp.write_text(digest)
-    except OSError:   # no cache here, or not writable: nothing to drop
+    except OSError:   # not writable: nothing to drop
         pass
 
 

@@ -170,3 +170,86 @@ def quantize_row_q8_1(x, y):
         total, d = _q8_x86(x, 32 * i, y, 36 * i, 4)
         h = np.int64(fp32_to_fp16(np.float32(total) * d))
         y[36 * i + 2], y[36 * i + 3] = h & 0xFF, h >> 8
+
+# %% book/05_cpu_kernels.ipynb #kern-rows-of-type
+from numba import types
+from numba.extending import overload
+
+from ggml_lite.backends.cpu.common import cpu_fp32_to_fp16
+from ggml_lite.types import fp32_to_bf16_row
+
+_F16, _BF16 = int(Type.F16), int(Type.BF16)
+# each type's row functions, for code compiled for one type (chapter 92's task table)
+DEQUANTIZE_ROWS = {_Q4_0: dequantize_row_q4_0, _Q4_1: dequantize_row_q4_1,
+                   _Q8_0: dequantize_row_q8_0, _Q8_1: dequantize_row_q8_1,
+                   _Q4_K: dequantize_row_q4_K, _Q6_K: dequantize_row_q6_K,
+                   _Q5_0: dequantize_row_q5_0, _Q5_1: dequantize_row_q5_1,
+                   _Q2_K: dequantize_row_q2_K, _Q3_K: dequantize_row_q3_K,
+                   _Q5_K: dequantize_row_q5_K, _Q8_K: dequantize_row_q8_K}
+QUANTIZE_ROWS = {_Q4_0: quantize_row_q4_0_ref, _Q4_1: quantize_row_q4_1_ref,
+                 _Q8_0: quantize_row_q8_0, _Q8_1: quantize_row_q8_1,
+                 _Q4_K: quantize_row_q4_K_ref, _Q6_K: quantize_row_q6_K_ref,
+                 _Q5_0: quantize_row_q5_0_ref, _Q5_1: quantize_row_q5_1_ref,
+                 _Q2_K: quantize_row_q2_K_ref, _Q3_K: quantize_row_q3_K_ref,
+                 _Q5_K: quantize_row_q5_K_ref, _Q8_K: quantize_row_q8_K_ref}
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def from_float_row(t, x, y):
+    """float32 x -> y in t's from_float: F16 or BF16 bits, or quantized blocks."""
+    if t == _F16:
+        cpu_fp32_to_fp16(x, y.view(np.uint16))
+    elif t == _BF16:
+        fp32_to_bf16_row(x, y.view(np.uint16))
+    else:
+        quantize_row(t, x, y)
+
+
+def _row_of_type(rows, any_type):
+    """An @overload: where the caller's t is a constant of its compilation (a literal,
+    as in a task function compiled for one type), only t's row function, so that no
+    other type's is compiled (nothing for a type without one); any_type's switch over
+    every type otherwise."""
+    def typer(t, x, y):
+        if not isinstance(t, types.IntegerLiteral):
+            return lambda t, x, y: any_type(t, x, y)
+        f = rows.get(t.literal_value)
+        if f is None:
+            return lambda t, x, y: None
+        return lambda t, x, y: f(x, y)
+    return typer
+
+
+def dequantize_row_of(t, x, y):
+    """dequantize_row, compiled for t's type alone where t is a literal."""
+
+
+def quantize_row_of(t, x, y):
+    """quantize_row, compiled for t's type alone where t is a literal."""
+
+
+def from_float_row_of(t, x, y):
+    """from_float_row, compiled for t's type alone where t is a literal."""
+
+
+overload(dequantize_row_of, prefer_literal=True)(_row_of_type(DEQUANTIZE_ROWS,
+                                                              dequantize_row))
+overload(quantize_row_of, prefer_literal=True)(_row_of_type(QUANTIZE_ROWS,
+                                                            quantize_row))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _f16_row(x, y):
+    cpu_fp32_to_fp16(x, y.view(np.uint16))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bf16_row(x, y):
+    fp32_to_bf16_row(x, y.view(np.uint16))
+
+
+# (compiled functions only: where a literal's function cannot be typed, numba falls back
+# to the switch over every type, and compiles every quantizer)
+_FROM_FLOAT_ROWS = {**QUANTIZE_ROWS, _F16: _f16_row, _BF16: _bf16_row}
+overload(from_float_row_of, prefer_literal=True)(_row_of_type(_FROM_FLOAT_ROWS,
+                                                              from_float_row))

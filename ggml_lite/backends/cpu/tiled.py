@@ -8,7 +8,8 @@ import os
 import re
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ggml_lite.backends.cpu.qdots import (f32_at, fp16_at, q2_K_sums, q3_K_sums,
                                           q4_K_sums, q5_K_sums, q6_K_sums)
@@ -43,39 +44,75 @@ _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = (int(Type.Q2_K), int(Type.Q3_K), int(Type.Q4
                                      int(Type.Q5_K), int(Type.Q6_K))
 
 
+# res = d * float(S1) (and fma(-dmin, float(S2), res) for the types with mins) of
+# super-block ib: the integers are the dot products' (q*_K_sums), the floats the
+# microkernel's
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _res_q6_K(x, ib, y, yo):
+    return fp16_at(x, ib * 210 + 208) * np.float32(vsum(q6_K_sums(x, ib * 210, y, yo)))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _res_q3_K(x, ib, y, yo):
+    return fp16_at(x, ib * 110 + 108) * np.float32(vsum(q3_K_sums(x, ib * 110, y, yo)))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _res_q2_K(x, ib, y, yo):
+    sumi, mdot = q2_K_sums(x, ib * 84, y, yo)
+    return fmaf(-fp16_at(x, ib * 84 + 82), np.float32(vsum(mdot)),
+                fp16_at(x, ib * 84 + 80) * np.float32(vsum(sumi)))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _res_q4_K(x, ib, y, yo):
+    sumi, msum = q4_K_sums(x, ib * 144, y, yo)
+    return fmaf(-fp16_at(x, ib * 144 + 2), np.float32(vsum(msum)),
+                fp16_at(x, ib * 144) * np.float32(vsum(sumi)))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _res_q5_K(x, ib, y, yo):
+    sumi, s2 = q5_K_sums(x, ib * 176, y, yo)
+    return fmaf(-fp16_at(x, ib * 176 + 2), np.float32(s2),
+                fp16_at(x, ib * 176) * np.float32(vsum(sumi)))
+
+
+_RES = {_Q2_K: _res_q2_K, _Q3_K: _res_q3_K, _Q4_K: _res_q4_K, _Q5_K: _res_q5_K,
+        _Q6_K: _res_q6_K}
+
+
 def tiled_dot(t, n, x, y):
-    """One output of the tiled product: weight row x (type t) times the Q8_K row y. The
-    integers of each super-block are the dot products' (q*_K_sums: S1, the scaled code
-    sums, and S2, the mins times the bsums); the floats are the microkernel's:
-    res = d * float(S1), then fma(-dmin, float(S2), res) for the types with mins, then
-    acc = fma(res, d8, acc), super-block by super-block."""
-    acc = np.float32(0.0)
-    for ib in range(n // 256):
-        yo = ib * 292
-        if t == _Q6_K:
-            xo = ib * 210
-            res = fp16_at(x, xo + 208) * np.float32(vsum(q6_K_sums(x, xo, y, yo)))
-        elif t == _Q3_K:
-            xo = ib * 110
-            res = fp16_at(x, xo + 108) * np.float32(vsum(q3_K_sums(x, xo, y, yo)))
-        elif t == _Q2_K:
-            xo = ib * 84
-            sumi, mdot = q2_K_sums(x, xo, y, yo)
-            res = fmaf(-fp16_at(x, xo + 82), np.float32(vsum(mdot)),
-                       fp16_at(x, xo + 80) * np.float32(vsum(sumi)))
-        elif t == _Q4_K:
-            xo = ib * 144
-            sumi, msum = q4_K_sums(x, xo, y, yo)
-            res = fmaf(-fp16_at(x, xo + 2), np.float32(vsum(msum)),
-                       fp16_at(x, xo) * np.float32(vsum(sumi)))
-        else:                                                    # Q5_K
-            xo = ib * 176
-            sumi, s2 = q5_K_sums(x, xo, y, yo)
-            res = fmaf(-fp16_at(x, xo + 2), np.float32(s2),
-                       fp16_at(x, xo) * np.float32(vsum(sumi)))
-        acc = fmaf(res, f32_at(y, yo), acc)
-    return acc
+    """One output of the tiled product: weight row x (type t) times the Q8_K row y,
+    acc = fma(res, d8, acc) super-block by super-block from 0."""
+
+
+@overload(tiled_dot, prefer_literal=True)
+def _tiled_dot_impl(t, n, x, y):
+    """Where t is a constant of the compilation only t's sums are compiled (as the
+    dots', chapter 92); otherwise a switch over the five types."""
+    if not isinstance(t, types.IntegerLiteral):
+        return _tiled_dot_any
+    res = _RES[t.literal_value]
+
+    def dot(t, n, x, y):
+        acc = np.float32(0.0)
+        for ib in range(n // 256):
+            acc = fmaf(res(x, ib, y, ib * 292), f32_at(y, ib * 292), acc)
+        return acc
+    return dot
+
+
+def _tiled_dot_any(t, n, x, y):
+    if t == _Q6_K:
+        return tiled_dot(_Q6_K, n, x, y)
+    if t == _Q4_K:
+        return tiled_dot(_Q4_K, n, x, y)
+    if t == _Q5_K:
+        return tiled_dot(_Q5_K, n, x, y)
+    if t == _Q3_K:
+        return tiled_dot(_Q3_K, n, x, y)
+    return tiled_dot(_Q2_K, n, x, y)
 
 # %% book/05_cpu_kernels.ipynb #kern-tiled-chunk
 @njit(cache=True, nogil=True, error_model="numpy")

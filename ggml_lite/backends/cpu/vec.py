@@ -18,7 +18,7 @@ from ggml_lite.backends.cpu.qdots import (fp16_at, prefetch_byte, vec_dot_q2_K_q
                                           vec_dot_q3_K_q8_K, vec_dot_q4_K_q8_K,
                                           vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1,
                                           vec_dot_q5_K_q8_K, vec_dot_q6_K_q8_K)
-from ggml_lite.backends.cpu.quants import quantize_row as _quantize_row
+from ggml_lite.backends.cpu.quants import from_float_row_of
 from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vcat, vdot4, vfloat, vget,
                                          vi8, vload, vload_f16, vsum, vu8, vzero)
 from ggml_lite.backends.cpu.tiled import TILED, mul_mat_tiled_type, tiled_chunk
@@ -216,12 +216,7 @@ def _mm_src1(vdt, b, w, rs, bs, ts, ith, nth):
             for i11 in range(ne11):
                 o = ((i13 * ne12 + i12) * ne11 + i11) * rs
                 x, y = b[i13, i12, i11, k0 * bs:k1 * bs], w[o + k0 * ts:o + k1 * ts]
-                if vdt == _F16:
-                    cpu_fp32_to_fp16(x, y.view(np.uint16))
-                elif vdt == _BF16:
-                    fp32_to_bf16_row(x, y.view(np.uint16))
-                else:
-                    _quantize_row(vdt, x, y)
+                from_float_row_of(vdt, x, y)   # vdt: one type, or any
 
 # %% book/05_cpu_kernels.ipynb #8ef8f9d4
 def _needs_conversion(src0_type, src1):
@@ -268,53 +263,57 @@ def _prefetch_row(x, r):
         prefetch_byte(x, min(o + c, last))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+# each quantized type's dot with its vec_dot_type
+_Q_DOTS = {_Q4_0: vec_dot_q4_0_q8_0, _Q4_1: vec_dot_q4_1_q8_1, _Q8_0: vec_dot_q8_0_q8_0,
+           _Q4_K: vec_dot_q4_K_q8_K, _Q5_0: vec_dot_q5_0_q8_0, _Q5_1: vec_dot_q5_1_q8_1,
+           _Q2_K: vec_dot_q2_K_q8_K, _Q3_K: vec_dot_q3_K_q8_K, _Q5_K: vec_dot_q5_K_q8_K,
+           _Q6_K: vec_dot_q6_K_q8_K}
+
+
 def _vec_dot_rows(t, n, x, r0, r1, y, out):
-    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): the type is looked
-    up once per call, and each branch is a loop around one kernel, pasted in (a type
-    test and a call per row cost about 10 %). Each row first asks for the row
-    _PREFETCH_BYTES further on (_prefetch_row)."""
-    ahead = max(1, _PREFETCH_BYTES // x.strides[0])
+    """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): a loop around
+    type t's dot, pasted in (a type test and a call per row cost about 10 %). Each row
+    first asks for the row _PREFETCH_BYTES further on (_prefetch_row)."""
+
+
+@overload(_vec_dot_rows, prefer_literal=True)
+def _vec_dot_rows_impl(t, n, x, r0, r1, y, out):
+    """Where t is a constant of the compilation (a task function compiled for one
+    type, chapter 92), only t's dot is compiled; otherwise a switch over the types,
+    the type looked up once per call."""
+    if not isinstance(t, types.IntegerLiteral):
+        return _vec_dot_rows_any
+    dot = _Q_DOTS[t.literal_value]
+
+    def rows(t, n, x, r0, r1, y, out):
+        ahead = max(1, _PREFETCH_BYTES // x.strides[0])
+        for r in range(r0, r1):
+            _prefetch_row(x, r + ahead)
+            out[r] = dot(n, x[r], y)
+    return rows
+
+
+def _vec_dot_rows_any(t, n, x, r0, r1, y, out):
     if t == _Q4_0:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q4_0_q8_0(n, x[r], y)
+        _vec_dot_rows(_Q4_0, n, x, r0, r1, y, out)
     elif t == _Q4_1:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q4_1_q8_1(n, x[r], y)
+        _vec_dot_rows(_Q4_1, n, x, r0, r1, y, out)
     elif t == _Q8_0:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q8_0_q8_0(n, x[r], y)
+        _vec_dot_rows(_Q8_0, n, x, r0, r1, y, out)
     elif t == _Q4_K:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q4_K_q8_K(n, x[r], y)
+        _vec_dot_rows(_Q4_K, n, x, r0, r1, y, out)
     elif t == _Q5_0:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q5_0_q8_0(n, x[r], y)
+        _vec_dot_rows(_Q5_0, n, x, r0, r1, y, out)
     elif t == _Q5_1:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q5_1_q8_1(n, x[r], y)
+        _vec_dot_rows(_Q5_1, n, x, r0, r1, y, out)
     elif t == _Q2_K:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q2_K_q8_K(n, x[r], y)
+        _vec_dot_rows(_Q2_K, n, x, r0, r1, y, out)
     elif t == _Q3_K:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q3_K_q8_K(n, x[r], y)
+        _vec_dot_rows(_Q3_K, n, x, r0, r1, y, out)
     elif t == _Q5_K:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q5_K_q8_K(n, x[r], y)
+        _vec_dot_rows(_Q5_K, n, x, r0, r1, y, out)
     else:
-        for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = vec_dot_q6_K_q8_K(n, x[r], y)
+        _vec_dot_rows(_Q6_K, n, x, r0, r1, y, out)
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk-flt
 def _vec_dot_flt(t, n, x, y):
@@ -335,14 +334,36 @@ def _vec_dot_flt_impl(t, n, x, y):
     return impl
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk-one
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
+def _mm_chunk_sel(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
     """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1
-    converted into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13
-    by division."""
-    if t >= TILED:                      # ggml's tiled product (below)
-        return tiled_chunk(t - TILED, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e,
-                           ir1s, ir1e)
+    converted into w (dense rows of rs bytes), or ggml's tiled product (below) where t
+    says so."""
+
+
+@overload(_mm_chunk_sel, prefer_literal=True)
+def _mm_chunk_sel_impl(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
+    if isinstance(t, types.IntegerLiteral):       # a task function's own type
+        if t.literal_value < TILED:
+            return lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e: \
+                _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
+                               ir1e)
+        tt = t.literal_value - TILED
+        return lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e: \
+            tiled_chunk(tt, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e)
+
+    def any_type(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
+        if t >= TILED:
+            tiled_chunk(t - TILED, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
+                        ir1e)
+        else:
+            _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e)
+    return any_type
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
+    """The dot products' chunk: 16x16 tiles; a broadcast over ne12, ne13 by
+    division."""
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
         for iir0 in range(ir0s, ir0e, 16):
@@ -351,6 +372,11 @@ def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
                 i12, i11 = divmod(rem, ne11)
                 _vec_dot_rows(t, n, a[i13 // r3, i12 // r2], iir0, min(iir0 + 16, ir0e),
                               w[ir1 * rs:(ir1 + 1) * rs], d[i13, i12, i11])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
+    _mm_chunk_sel(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
