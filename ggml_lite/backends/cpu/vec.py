@@ -21,7 +21,7 @@ from ggml_lite.backends.cpu.qdots import (fp16_at, prefetch_byte, vec_dot_q2_K_q
 from ggml_lite.backends.cpu.quants import from_float_row_of
 from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vcat, vdot4, vfloat, vget,
                                          vi8, vload, vload_f16, vsum, vu8, vzero)
-from ggml_lite.backends.cpu.tiled import TILED, mul_mat_tiled_type, tiled_chunk
+from ggml_lite.backends.cpu.tiled import TILED, mul_mat_tiled_type, tiled_rows
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
                              get_type_traits, row_size, type_name, type_size)
@@ -283,6 +283,9 @@ def _vec_dot_rows_impl(t, n, x, r0, r1, y, out):
     the type looked up once per call."""
     if not isinstance(t, types.IntegerLiteral):
         return _vec_dot_rows_any
+    if t.literal_value >= TILED:                    # ggml's tiled product (below)
+        tt = t.literal_value - TILED
+        return lambda t, n, x, r0, r1, y, out: tiled_rows(tt, n, x, r0, r1, y, out)
     dot = _Q_DOTS[t.literal_value]
 
     def rows(t, n, x, r0, r1, y, out):
@@ -294,7 +297,9 @@ def _vec_dot_rows_impl(t, n, x, r0, r1, y, out):
 
 
 def _vec_dot_rows_any(t, n, x, r0, r1, y, out):
-    if t == _Q4_0:
+    if t >= TILED:
+        tiled_rows(t - TILED, n, x, r0, r1, y, out)
+    elif t == _Q4_0:
         _vec_dot_rows(_Q4_0, n, x, r0, r1, y, out)
     elif t == _Q4_1:
         _vec_dot_rows(_Q4_1, n, x, r0, r1, y, out)
@@ -334,36 +339,11 @@ def _vec_dot_flt_impl(t, n, x, y):
     return impl
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk-one
-def _mm_chunk_sel(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
-    """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1
-    converted into w (dense rows of rs bytes), or ggml's tiled product (below) where t
-    says so."""
-
-
-@overload(_mm_chunk_sel, prefer_literal=True)
-def _mm_chunk_sel_impl(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
-    if isinstance(t, types.IntegerLiteral):       # a task function's own type
-        if t.literal_value < TILED:
-            return lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e: \
-                _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                               ir1e)
-        tt = t.literal_value - TILED
-        return lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e: \
-            tiled_chunk(tt, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e)
-
-    def any_type(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
-        if t >= TILED:
-            tiled_chunk(t - TILED, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                        ir1e)
-        else:
-            _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e)
-    return any_type
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
-def _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
-    """The dot products' chunk: 16x16 tiles; a broadcast over ne12, ne13 by
-    division."""
+def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
+    """ggml_compute_forward_mul_mat_one_chunk, quantized src0 a (rows of bytes), src1
+    converted into w (dense rows of rs bytes): 16x16 tiles; a broadcast over ne12, ne13
+    by division. A type marked TILED takes ggml's tiled product (below)."""
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
         for iir0 in range(ir0s, ir0e, 16):
@@ -372,11 +352,6 @@ def _mm_chunk_dots(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
                 i12, i11 = divmod(rem, ne11)
                 _vec_dot_rows(t, n, a[i13 // r3, i12 // r2], iir0, min(iir0 + 16, ir0e),
                               w[ir1 * rs:(ir1 + 1) * rs], d[i13, i12, i11])
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
-    _mm_chunk_sel(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
