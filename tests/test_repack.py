@@ -88,6 +88,11 @@ needs_avx512 = pytest.mark.skipif(
     "(it would run, but split into 256-bit halves)")
 
 
+def test_zmm_kernel_taken_where_the_variant_has_avx512():
+    from ggml_lite.backends.cpu import variants as V
+    assert R.AVX512 == ("AVX512" in V.CPU_VARIANTS[V.cpu_variant()])
+
+
 @needs_avx512
 def test_zmm_kernel_is_the_avx2_kernels_bits():
     """gemm_q4_0_8x8_q8_0_zmm (two weight groups per zmm register, as ggml's __AVX512F__

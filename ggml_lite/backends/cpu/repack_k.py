@@ -18,14 +18,14 @@ from ggml_lite.backends.cpu.qdots import f32_at
 from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, CPU_VARIANT, Vec, vcat,
                                          vfloat, vload, vload_f16, vpairs, vstore_f32,
                                          vzero)
-from ggml_lite.backends.cpu.variants import CPU_VARIANTS
 from ggml_lite.quants import QK_K, nearest_int, put_f32, quantize_row_q8_K_ref
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V8I32 = ir.VectorType(_I32, 8)
-# the chosen CPU variant has AVX-512 (F, CD, VL, DQ, BW): 512-bit registers, the
-# kernels' zmm paths (ggml's `#if defined(__AVX512F__)` branches)
-AVX512 = "AVX512" in CPU_VARIANTS[CPU_VARIANT]
+# the chosen CPU variant is one of those built with GGML_AVX512 (F, CD, VL, DQ, BW)
+# (chapter 07d's table): 512-bit registers, the kernels' zmm paths (ggml's
+# `#if defined(__AVX512F__)` branches)
+AVX512 = CPU_VARIANT in ("skylakex", "icelake")
 
 # %% book/07c_backend_devices.ipynb #repack-simd
 def _x86(builder, name, ret, args):
