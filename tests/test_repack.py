@@ -51,7 +51,7 @@ def test_repacked_bytes_are_ggmls():
     assert np.array_equal(wbuf.host_array()[:ggml.nbytes(W)], REF["repacked"])
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 7, 13])
+@pytest.mark.parametrize("m", [1, 3, 4, 7, 13, 21])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_repacked_product_is_ggmls_bits(m, n_threads):
     _, _, y = _product(REF[f"x{m}"], R.backend_cpu_repack_buffer_type(), n_threads)
@@ -81,6 +81,37 @@ def test_kernel_on_every_split_of_rows_and_columns():
         R.gemm_q4_0_8x8_q8_0(K, rp, rp.view(np.uint16), y, (K // 32) * 34, part, g0, g1, j0, j1)
         assert np.array_equal(part[j0:j1, 8 * g0:8 * g1], whole[j0:j1, 8 * g0:8 * g1])
         assert np.isnan(part[:j0]).all() and np.isnan(part[:, 8 * g1:]).all()
+
+
+needs_avx512 = pytest.mark.skipif(
+    not R.AVX512, reason="the CPU variant has no AVX-512: the zmm kernel is not taken here "
+    "(it would run, but split into 256-bit halves)")
+
+
+def test_zmm_kernel_taken_where_the_variant_has_avx512():
+    from ggml_lite.backends.cpu import variants as V
+    assert R.AVX512 == ("AVX512" in V.CPU_VARIANTS[V.cpu_variant()])
+
+
+@needs_avx512
+def test_zmm_kernel_is_the_avx2_kernels_bits():
+    """gemm_q4_0_8x8_q8_0_zmm (two weight groups per zmm register, as ggml's __AVX512F__
+    body) gives the AVX2 kernel's bits on every range of groups (even and odd counts, so
+    the odd last group's hand-over too) and of rows (8 at a time and the rest)."""
+    rng = np.random.default_rng(11)
+    from ggml_lite.backends.cpu.quants import quantize_row_q8_0
+    x = (rng.standard_normal((21, K)) * rng.uniform(0.1, 4.0, (21, 1))).astype(np.float32)
+    y = np.empty(21 * (K // 32) * 34, np.uint8)
+    quantize_row_q8_0(x.reshape(-1), y)
+    rp = R.repack_q4_0_to_q4_0_8_bl(REF["w"].reshape(-1), N, K // 32)
+    for g0, g1, j0, j1 in ((0, 8, 0, 21), (0, 2, 0, 8), (3, 8, 2, 19), (1, 2, 5, 21),
+                           (2, 7, 13, 14), (6, 8, 0, 9)):
+        avx2 = np.full((21, N), np.nan, np.float32)
+        zmm = avx2.copy()
+        for kernel, out in ((R.gemm_q4_0_8x8_q8_0, avx2), (R.gemm_q4_0_8x8_q8_0_zmm, zmm)):
+            kernel(K, rp, rp.view(np.uint16), y, (K // 32) * 34, out, g0, g1, j0, j1)
+        assert np.array_equal(zmm, avx2, equal_nan=True), (g0, g1, j0, j1)
+        assert not np.isnan(zmm[j0:j1, 8 * g0:8 * g1]).any()
 
 
 def test_chunks_cover_every_row_once():

@@ -1,7 +1,10 @@
 """Fixture for tests/test_repack.py: ggml 0.15.3's CPU_REPACK extra buffer type (src/ggml-cpu/repack.cpp)
 on an AVX2 x86 build: a Q4_0 weight written into it is repacked to block_q4_0x8, and a MUL_MAT with F32
-activations runs ggml_gemm_q4_0_8x8_q8_0 (4 activation rows at a time) and ggml_gemv_q4_0_8x8_q8_0 (the
-rest). Also what the CPU device's supports_op answers for ops whose weight lies in that buffer.
+activations runs ggml_gemm_q4_0_8x8_q8_0 (4 activation rows at a time; on an AVX-512 build 16, then 4,
+two groups of 8 weight rows per zmm register) and ggml_gemv_q4_0_8x8_q8_0 (the rest). Also what the CPU
+device's supports_op answers for ops whose weight lies in that buffer. The stored fixture was made with
+ggml-python 0.0.45 built natively on an AVX-512 Xeon (repack_ref.json: "avx512"); on a CPU with AMX that
+build also lists an "AMX" extra buffer type, which repack_ref.json leaves out (ggml_lite has none).
 
 With the project's venv it quantizes seeded random weights (the gguf package's Q4_0 quantizer) and
 activations, then runs its second half under ggml-python (`--peer`), which places the weights in the
@@ -20,7 +23,8 @@ import sys
 from pathlib import Path
 
 K, N = 512, 64                      # weight [K, N]: 16 blocks a row, 8 groups of 8 rows
-COLS = (1, 3, 4, 7, 13)             # activation columns: gemv only, gemm only, both
+COLS = (1, 3, 4, 7, 13, 21)         # activation columns: gemv only, gemm only, both;
+                                    # 21: on an AVX-512 build, 16 rows in its zmm body too
 DATA = Path(__file__).resolve().parents[1] / "data"
 OUT, OUT_JSON = DATA / "repack_ref.npz", DATA / "repack_ref.json"
 
@@ -121,7 +125,7 @@ def peer(path):
     repack = extra[names.index("CPU_REPACK")]
     backend = ggml.ggml_backend_cpu_init()
     cpu = _cpu_buffer_type(ggml)
-    for m in (1, 3, 4, 7, 13):
+    for m in COLS:
         x = data[f"x{m}"]
         for nt in (1, 2):
             out, stored = _mul_mat(ggml, backend, repack, data["w"], ggml.GGML_TYPE_Q4_0, (K, N), x, nt)

@@ -11,10 +11,10 @@ from ggml_lite.backend import BackendBufferType, backend_cpu_buffer_type
 from ggml_lite.backend_buffer import HostBuffer, host_bytes
 from ggml_lite.backend_impl import tensor_buffer
 from ggml_lite.backends.cpu import vec as V
-from ggml_lite.backends.cpu.repack_k import vbcast8, vdot4_acc, vxor
-from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, vcat, vdot, vfloat, vload,
-                                         vload_f16, vmaddubs, vpairs, vsplat2,
-                                         vstore_f32, vzero)
+from ggml_lite.backends.cpu.repack_k import AVX512, vbcast8, vdot4_acc, vxor
+from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, vcat, vdot, vdot4, vfloat,
+                                         vi8, vload, vload_f16, vmaddubs, vpairs,
+                                         vsplat2, vstore_f32, vsum, vzero)
 from ggml_lite.backends.cpu.table import CpuKernel
 from ggml_lite.backends.cpu.vec import fp16_at
 from ggml_lite.core import GGMLError, Status, require
@@ -55,13 +55,10 @@ def _row8(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, y, yo, ysum):
 def _block_sums(y, rs, nb, j0, j1):
     """The sum of the 32 int8 of every block of activation rows [j0, j1): int32 [j1 -
     j0, nb]."""
-    s = np.empty((j1 - j0, nb), np.int32)
+    s, ones = np.empty((j1 - j0, nb), np.int32), vzero(np.uint8, 32) + 1
     for j in range(j0, j1):
-        for b in range(nb):
-            o, t = j * rs + b * 34 + 2, 0
-            for k in range(32):
-                t += np.int32(np.int8(y[o + k]))
-            s[j - j0, b] = t
+        for b in range(nb):         # the 32 int8 times 1 in fours (one vpdpbusd), summed
+            s[j - j0, b] = vsum(vdot4(ones, vi8(vload(y, j * rs + b * 34 + 2, 32))))
     return s
 
 
@@ -132,6 +129,64 @@ def gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g0, g1, j0, j1):
             vstore_f32(out[j], 8 * g, acc)
             j += 1
 
+# %% book/07c_backend_devices.ipynb #repack-gemm-zmm
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _unpack64(x, o):
+    """The nibbles of the block_q4_0x8 at x[o] as codes 0..15 in four 64-byte vectors
+    of all 8 rows: values 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles)."""
+    u0, u1 = vxor(vload(x, o + 16, 64), 0x88), vxor(vload(x, o + 80, 64), 0x88)
+    return u0 & 15, u1 & 15, u0 >> 4, u1 >> 4
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _dots16(q, y, yo):
+    """One weight group's 8 rows times the block_q8_0 at y[yo], in int32 lane pairs."""
+    z = vzero(np.int32, 16)
+    y0, y1, y2, y3 = (vbcast8(y, yo + 2), vbcast8(y, yo + 10), vbcast8(y, yo + 18),
+                      vbcast8(y, yo + 26))
+    return vdot4_acc(vdot4_acc(vdot4_acc(vdot4_acc(z, q[0], vcat(y0, y0)), q[1],
+                                         vcat(y1, y1)), q[2], vcat(y2, y2)),
+                     q[3], vcat(y3, y3))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _acc16(qa, qb, y, yo, ysum, dw):
+    """_acc1 for two groups: 16 weight rows with one activation row, 16 float lanes."""
+    isum = vpairs(vcat(_dots16(qa, y, yo), _dots16(qb, y, yo))) - 8 * ysum
+    return vfloat(isum) * (dw * fp16_at(y, yo))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_q4_0_8x8_q8_0_zmm(n, x, xh, y, rs, out, g0, g1, j0, j1):
+    """gemm_q4_0_8x8_q8_0 with 512-bit registers: two weight groups at a time, 8 then
+    1 activation rows; an odd last group goes to gemm_q4_0_8x8_q8_0. The same bits."""
+    nb, z = n // QK, vzero(np.float32, 16)
+    gs, ys = nb * BLOCK_Q4_0X8, _block_sums(y, rs, nb, j0, j1)
+    for g in range(g0, g1 - 1, 2):
+        j = j0
+        while j < j1:
+            m = 8 if j + 8 <= j1 else 1
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = z
+            for b in range(nb):
+                o, yo, k = g * gs + b * BLOCK_Q4_0X8, j * rs + b * 34, j - j0
+                qa, qb = _unpack64(x, o), _unpack64(x, o + gs)
+                dw = vcat(vload_f16(xh, o // 2, 8), vload_f16(xh, (o + gs) // 2, 8))
+                a0 += _acc16(qa, qb, y, yo, ys[k, b], dw)
+                if m == 8:
+                    a1 += _acc16(qa, qb, y, yo + rs, ys[k + 1, b], dw)
+                    a2 += _acc16(qa, qb, y, yo + 2 * rs, ys[k + 2, b], dw)
+                    a3 += _acc16(qa, qb, y, yo + 3 * rs, ys[k + 3, b], dw)
+                    a4 += _acc16(qa, qb, y, yo + 4 * rs, ys[k + 4, b], dw)
+                    a5 += _acc16(qa, qb, y, yo + 5 * rs, ys[k + 5, b], dw)
+                    a6 += _acc16(qa, qb, y, yo + 6 * rs, ys[k + 6, b], dw)
+                    a7 += _acc16(qa, qb, y, yo + 7 * rs, ys[k + 7, b], dw)
+            acc = (a0, a1, a2, a3, a4, a5, a6, a7)
+            for r in range(m):
+                vstore_f32(out[j + r], 8 * g, acc[r])
+            j += m
+    if (g1 - g0) % 2:
+        gemm_q4_0_8x8_q8_0(n, x, xh, y, rs, out, g1 - 1, g1, j0, j1)
+
 # %% book/07c_backend_devices.ipynb #5e0c7a91d2
 @njit(cache=True, nogil=True, error_model="numpy")
 def _repack_chunks(n, x, xh, w, rs, d, nchunk0, dr0, counter, ith, nth):
@@ -145,9 +200,11 @@ def _repack_chunks(n, x, xh, w, rs, d, nchunk0, dr0, counter, ith, nth):
         i0, i12 = c % nchunk0, c // nchunk0
         s0, e0 = dr0 * i0, min(dr0 * i0 + dr0, ne01)
         s0, e0 = -(-s0 // 8) * 8, min(-(-e0 // 8) * 8, ne01)
-        if s0 < e0:
-            gemm_q4_0_8x8_q8_0(n, x, xh, w[i12 * ne11 * rs:(i12 + 1) * ne11 * rs], rs,
-                               d[i12], s0 // 8, e0 // 8, 0, ne11)
+        wi = w[i12 * ne11 * rs:(i12 + 1) * ne11 * rs]
+        if s0 < e0 and AVX512:
+            gemm_q4_0_8x8_q8_0_zmm(n, x, xh, wi, rs, d[i12], s0 // 8, e0 // 8, 0, ne11)
+        elif s0 < e0:
+            gemm_q4_0_8x8_q8_0(n, x, xh, wi, rs, d[i12], s0 // 8, e0 // 8, 0, ne11)
         c = V.atomic_fetch_add(counter, 0, 1)
 
 

@@ -15,12 +15,17 @@ from numba.extending import intrinsic
 from ggml_lite.backends.cpu import program as P
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.qdots import f32_at
-from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, Vec, vcat, vfloat, vload,
-                                         vload_f16, vpairs, vstore_f32, vzero)
+from ggml_lite.backends.cpu.simd import (AVX2, AVX512_VNNI, CPU_VARIANT, Vec, vcat,
+                                         vfloat, vload, vload_f16, vpairs, vstore_f32,
+                                         vzero)
 from ggml_lite.quants import QK_K, nearest_int, put_f32, quantize_row_q8_K_ref
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V8I32 = ir.VectorType(_I32, 8)
+# the chosen CPU variant is one of those built with GGML_AVX512 (F, CD, VL, DQ, BW)
+# (chapter 07d's table): 512-bit registers, the kernels' zmm paths (ggml's
+# `#if defined(__AVX512F__)` branches)
+AVX512 = CPU_VARIANT in ("skylakex", "icelake")
 
 # %% book/07c_backend_devices.ipynb #repack-simd
 def _x86(builder, name, ret, args):
@@ -73,28 +78,33 @@ def vbcast8(typingctx, a, i):
 # %% book/07c_backend_devices.ipynb #7d3e9b2a41
 @intrinsic
 def vdot4_acc(typingctx, acc, a, b):
-    """acc + (the 32 unsigned bytes a times the int8 b, summed in fours): vpdpbusd with
-    AVX512-VNNI, pmaddubsw + pmaddwd + add with AVX2, plain IR elsewhere. Exact here:
-    a < 16, no saturation."""
-    if not (isinstance(acc, Vec) and acc.dtype == types.int32 and acc.count == 8
-            and isinstance(a, Vec) and a.count == 32 and a.dtype == types.uint8
-            and isinstance(b, Vec) and b.dtype == types.int8):
+    """acc + (the n unsigned bytes a times the int8 b, summed in fours), n = 32 or 64
+    (a ymm or a zmm register): vpdpbusd with AVX512-VNNI, pmaddubsw + pmaddwd + add
+    with AVX2 (AVX512BW for 64 bytes), plain IR elsewhere. Exact here: a < 16, no
+    saturation."""
+    n = a.count if isinstance(a, Vec) else 0
+    if not (n in (32, 64) and a.dtype == types.uint8 and isinstance(acc, Vec)
+            and acc.dtype == types.int32 and acc.count == n // 4
+            and isinstance(b, Vec) and b.dtype == types.int8 and b.count == n):
         return None
+    wide, hw = n == 64, "avx512" if n == 64 else "avx2"
 
     def codegen(context, builder, sig, args):
         s, x, y = args
-        if AVX512_VNNI:
-            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I32,
-                        [s, builder.bitcast(x, _V8I32), builder.bitcast(y, _V8I32)])
-        if AVX2:
-            p = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw",
-                     ir.VectorType(ir.IntType(16), 16), [x, y])
-            return builder.add(s, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8I32,
-                                       [ir.Constant(p.type, [1] * 16), p]))
-        wide = ir.VectorType(_I32, 32)
-        pr = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
-        quads = [builder.shuffle_vector(pr, ir.Constant(wide, ir.Undefined),
-                                        ir.Constant(_V8I32, list(range(k, 32, 4))))
+        v32, v16 = ir.VectorType(_I32, n // 4), ir.VectorType(ir.IntType(16), n // 2)
+        if AVX512_VNNI and (AVX512 or not wide):
+            return _x86(builder, f"llvm.x86.avx512.vpdpbusd.{8 * n}", v32,
+                        [s, builder.bitcast(x, v32), builder.bitcast(y, v32)])
+        if AVX512 if wide else AVX2:
+            ub, wd = ("pmaddubs.w.512", "pmaddw.d.512") if wide else ("pmadd.ub.sw",
+                                                                      "pmadd.wd")
+            p = _x86(builder, f"llvm.x86.{hw}.{ub}", v16, [x, y])
+            return builder.add(s, _x86(builder, f"llvm.x86.{hw}.{wd}", v32,
+                                       [ir.Constant(v16, [1] * (n // 2)), p]))
+        pr = builder.mul(builder.zext(x, ir.VectorType(_I32, n)),
+                         builder.sext(y, ir.VectorType(_I32, n)))
+        quads = [builder.shuffle_vector(pr, ir.Constant(pr.type, ir.Undefined),
+                                        ir.Constant(v32, list(range(k, n, 4))))
                  for k in range(4)]
         return builder.add(s, builder.add(builder.add(quads[0], quads[1]),
                                           builder.add(quads[2], quads[3])))

@@ -12,8 +12,8 @@ from numba.extending import intrinsic
 
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.simd import (
-    Vec, mul_sum_i8_pairs, vfloat, vload, vget, vload_f32, vstore_f32, vsum,
-    vzero)
+    AVX512_VNNI, Vec, mul_sum_i8_pairs, vcat, vfloat, vload, vget, vload_f32,
+    vstore_f32, vsum, vzero, x86_intrinsic)
 from ggml_lite.types import Type
 
 # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
@@ -336,6 +336,116 @@ def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
                 c = _q0_dot(A, lda * i + l, B, ldb * j + l, c)
             C[ldc * j + i] = vsum(c)
 
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm
+@intrinsic
+def _mul_sum_i8_pairs64(typingctx, a, b):
+    """mul_sum_i8_pairs on 64 bytes: Vec(int32 x 16). With AVX512-VNNI ggml's
+    mul_sum_i8_pairs_acc_int32x16: |a| (vpabsb), b negated where a < 0 (a masked
+    vpsubb), vpdpbusd; the plain products elsewhere."""
+    if not (isinstance(a, Vec) and a == b and a.count == 64
+            and a.dtype in (types.uint8, types.int8)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, y = args
+        zero, i32 = ir.Constant(x.type, None), ir.VectorType(ir.IntType(32), 16)
+        if AVX512_VNNI:
+            neg = builder.icmp_signed("<", x, zero)
+            ax = builder.select(neg, builder.sub(zero, x), x)
+            sy = builder.select(neg, builder.sub(zero, y), y)
+            return x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.512", i32,
+                                 [ir.Constant(i32, None), builder.bitcast(ax, i32),
+                                  builder.bitcast(sy, i32)])
+        wide = ir.VectorType(ir.IntType(32), 64)
+        p = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
+        for n in (64, 32):
+            p = builder.add(*(builder.shuffle_vector(
+                p, p, ir.Constant(ir.VectorType(ir.IntType(32), n // 2),
+                                  list(range(k, n, 2)))) for k in (0, 1)))
+        return p
+    return Vec(types.int32, 16)(a, b), codegen
+
+
+@intrinsic
+def _splat2(typingctx, x, y):
+    """Vec(float32 x 16): x in lanes 0-7, y in lanes 8-15."""
+    if not (isinstance(x, types.Float) and isinstance(y, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(ir.FloatType(), 16), ir.Undefined)
+        for k in (0, 1):
+            f = context.cast(builder, args[k], sig.args[k], types.float32)
+            v = builder.insert_element(v, f, ir.IntType(32)(8 * k))
+        mask = [0] * 8 + [8] * 8
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32),
+                                                                       16), mask))
+    return Vec(types.float32, 16)(x, y), codegen
+
+
+@intrinsic
+def _half(typingctx, v, h):
+    """Lanes 8h..8h+7 of a 16-lane v, h a constant."""
+    if not (isinstance(v, Vec) and v.count == 16 and isinstance(h, types.IntegerLiteral)):
+        return None
+    k = h.literal_value
+
+    def codegen(context, builder, sig, args):
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * k, 8 * k + 8)))
+        return builder.shuffle_vector(args[0], args[0], mask)
+    return Vec(v.dtype, 8)(v, h), codegen
+
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm-tile
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_two(A, ao, b, s, d):
+    """The block of A at ao times two columns' blocks b (64 bytes), each column's 8
+    lanes times its product of scales: _q0_dot's addend for both columns."""
+    a = vload(A, ao, 32)
+    return vfloat(_mul_sum_i8_pairs64(vcat(a, a), b)) * (s * d)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _f32(x, i):
+    return vget(vload_f32(x, i, 1), 0)     # x[i], without the check of i's sign
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _put4(C, o, c0, c1, c2, c3, h):
+    C[o], C[o + 1] = vsum(_half(c0, h)), vsum(_half(c1, h))
+    C[o + 2], C[o + 3] = vsum(_half(c2, h)), vsum(_half(c3, h))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def q0_tile_zmm(A, lda, B, ldb, C, ldc, k, ii, jj, rn, dA4, dB):
+    """The 4 x rn tile (rn = 3 or 4; a 4 x 3 tile computes its last column twice) with
+    two columns per zmm register. dA4: the 4 rows' scales side by side, block by block;
+    dB: q0_row_scales of B."""
+    j1, j2, j3 = jj + 1, jj + 2, jj + rn - 1
+    z = vzero(np.float32, 16)
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = z
+    a0, a1 = lda * ii + 2, lda * (ii + 1) + 2
+    a2, a3 = lda * (ii + 2) + 2, lda * (ii + 3) + 2
+    for l in range(k):
+        o = Q8_0_BYTES * l
+        b01 = vcat(vload(B, ldb * jj + o + 2, 32), vload(B, ldb * j1 + o + 2, 32))
+        b23 = vcat(vload(B, ldb * j2 + o + 2, 32), vload(B, ldb * j3 + o + 2, 32))
+        s01 = _splat2(_f32(dB, jj * k + l), _f32(dB, j1 * k + l))
+        s23 = _splat2(_f32(dB, j2 * k + l), _f32(dB, j3 * k + l))
+        d = vload_f32(dA4, 4 * l, 4)
+        c00 += _q0_two(A, a0 + o, b01, s01, vget(d, 0))
+        c01 += _q0_two(A, a0 + o, b23, s23, vget(d, 0))
+        c10 += _q0_two(A, a1 + o, b01, s01, vget(d, 1))
+        c11 += _q0_two(A, a1 + o, b23, s23, vget(d, 1))
+        c20 += _q0_two(A, a2 + o, b01, s01, vget(d, 2))
+        c21 += _q0_two(A, a2 + o, b23, s23, vget(d, 2))
+        c30 += _q0_two(A, a3 + o, b01, s01, vget(d, 3))
+        c31 += _q0_two(A, a3 + o, b23, s23, vget(d, 3))
+    _put4(C, ldc * jj + ii, c00, c10, c20, c30, 0)
+    _put4(C, ldc * j1 + ii, c00, c10, c20, c30, 1)
+    _put4(C, ldc * j2 + ii, c01, c11, c21, c31, 0)
+    if rn == 4:
+        _put4(C, ldc * j3 + ii, c01, c11, c21, c31, 1)
+
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-gemm
 # mnpack's tile (mc, nc) for (min(m - m0, 4), min(n - n0, 4)) with 16 vector registers
 # (AVX2), indexed [rows - 1, cols - 1]: 4 x 2 wherever 4 rows and 2 columns are left
@@ -343,6 +453,11 @@ _MNPACK = np.array([[(1, 1), (1, 2), (1, 3), (1, 4)],
                     [(2, 1), (2, 2), (2, 3), (2, 4)],
                     [(3, 1), (3, 2), (3, 2), (2, 4)],
                     [(4, 1), (4, 2), (4, 2), (4, 2)]], np.int64)
+# with 32 (AVX-512): every (rows, cols) up to 4 x 4 is a tile of its own; ggml_lite
+# takes it with AVX512-VNNI, where its 4 x 4 and 4 x 3 tiles use zmm registers
+_ZMM = AVX512_VNNI
+if _ZMM:
+    _MNPACK = np.array([[(r, c) for c in range(1, 5)] for r in range(1, 5)], np.int64)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -368,6 +483,13 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         duty = (ytiles * xtiles + nth - 1) // nth
         for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
             ii, jj = m0 + job // xtiles * mc, n0 + job % xtiles * nc
+            if _ZMM and mc == 4 and nc >= 3:
+                if ii != rows:
+                    for i in range(4 * k):
+                        dA4[i] = V.fp16_at(A, lda * (ii + i % 4) + Q8_0_BYTES * (i // 4))
+                    rows = ii
+                q0_tile_zmm(A, lda, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
+                continue
             if mc == 4 and nc <= 2:
                 q0_scale_products(A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1, k, P)
                 rows = ii
