@@ -197,10 +197,11 @@ def main():
             warm_cpu_s=min(x["warm"]["cpu_s"] for x in runs), runs=runs)
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
-    data["machine"] = machine()
-    data.setdefault("labels", {})[args.label] = dict(
-        cases=results, note=args.note,
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    data["machine"] = {**data.get("machine", {}), **machine()}   # (keeps its note)
+    # the cases run now replace theirs under the label; the label's others are kept
+    label = data.setdefault("labels", {}).setdefault(args.label, {})
+    label["cases"] = {**label.get("cases", {}), **results}
+    label.update(note=args.note, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     out.write_text(json.dumps(data, indent=1) + "\n")
 
 

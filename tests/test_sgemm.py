@@ -177,10 +177,11 @@ def test_q8_0_broadcast_planes():
 @pytest.mark.parametrize("python_loop", [False, True])
 def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
     """A Q8_0 weight against 8 F32 activation rows, src1 broadcast over 2 planes: with llamafile on,
-    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_EXTRA row of the compiled
-    loop; the Python loop calls the same function), the same bits as with it off."""
+    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_SGEMM row of Q8_0 storage in
+    the compiled loop; the Python loop calls the same function), the same bits as with it off."""
     import ggml_lite as ggml
     from ggml_lite.backends.cpu import program as P
+    from ggml_lite.backends.cpu import tasks as T
     from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile
     from ggml_lite.backends.cpu.compute import _PREPARED
     rng = np.random.default_rng(6)
@@ -204,8 +205,10 @@ def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
         plan.work_data = np.zeros(plan.work_size, np.uint8)
         ggml.graph_compute(gf, plan)
         got[on] = ggml.backend_tensor_get(y)
-        kinds[on] = {int(k) for p in _PREPARED.values() if p.native is not None for k in p.native.prog[:, P.KIND]}
+        kinds[on] = {T.task_key(row) for p in _PREPARED.values() if p.native is not None
+                     for row in p.native.prog}
         ggml.backend_buffer_free(buf)
         ggml.free(ctx)
     assert np.array_equal(got[True], got[False])
-    assert P.TASK_EXTRA in kinds[True] and P.TASK_EXTRA not in kinds[False], kinds
+    tiles = (P.TASK_SGEMM, P.ST_U8)
+    assert tiles in kinds[True] and tiles not in kinds[False], kinds

@@ -77,8 +77,19 @@ ggml.graph_compute_with_ctx(ctx, gf, 2)
 ok16 = bool(np.allclose(y16.numpy(), 0.25 * 2.0 * K))
 deq = blocks["qs"].reshape(M, K)[[3, 1]].astype(np.float32) * np.float32(0.5)
 ok_rows = bool(np.array_equal(rows.numpy().reshape(2, K), deq))
-print(json.dumps(dict(add=after_add, matvec=after_matvec, matvec_ok=ok, more=seen(),
-                      f16_ok=ok16, rows_ok=ok_rows)), file=err)
+more = seen()
+# a soft_max with an F32 mask: its storage's task function only, and one row layout
+from ggml_lite.backends.cpu import ops as K
+s, mk = (ggml.new_tensor_2d(ctx, ggml.Type.F32, 32, 4) for _ in range(2))
+s.numpy()[...], mk.numpy()[...] = 0.5, 0.0
+sm = ggml.soft_max_ext(ctx, s, mk, 1.0, 0.0)
+gf = ggml.new_graph(ctx)
+ggml.build_forward_expand(gf, sm)
+ggml.graph_compute_with_ctx(ctx, gf, 2)
+soft_max = dict(keys=seen()["keys"], ok=bool(np.allclose(sm.numpy(), 1 / 32)),
+                row_layouts=[str(sig[0]) for sig in K._soft_max_row.signatures])
+print(json.dumps(dict(add=after_add, matvec=after_matvec, matvec_ok=ok, more=more,
+                      f16_ok=ok16, rows_ok=ok_rows, soft_max=soft_max)), file=err)
 """
 
 
@@ -115,6 +126,12 @@ def test_a_graph_compiles_only_the_task_functions_it_needs(tmp_path):
     assert [P.TASK_GET_ROWS, q8] in more["keys"]
     assert (more["any_quantize"], more["any_dequantize"], more["any_from_float"]) == (0, 0, 0)
     assert cold["f16_ok"] and cold["rows_ok"]
+    # the float kinds are keyed by storage: an F32 mask compiles no F16 one; a row is
+    # compiled for one layout (a strided row would be copied)
+    sm = cold["soft_max"]
+    assert [P.TASK_SOFT_MAX, P.ST_F32] in sm["keys"]
+    assert [P.TASK_SOFT_MAX, P.ST_U16] not in sm["keys"] and sm["ok"]
+    assert sm["row_layouts"] == ["array(float32, 1d, C)"]
     # the same process again: everything from the cache, and no announcement
     warm = _probe(tmp_path)
     assert warm["add"]["stderr"] == "" and warm["matvec"]["stderr"] == ""
@@ -140,6 +157,24 @@ def test_task_keys_and_the_fn_column():
     T.with_task_functions(prog)
     assert prog[0, P.FN] == 0 and prog[2, P.FN] == 0     # a call back; 07c's own function
     assert prog[1, P.FN] == T.TASK_FUNCTIONS[(P.TASK_BINARY, 0)].address != 0
+
+
+def test_storage_and_strides_key_the_float_kinds():
+    f32, u16, u8 = P.ST_F32, P.ST_U16, P.ST_U8
+    assert T.task_key(_row(P.TASK_ROPE, 0, 0, 64, 2, u16)) == (P.TASK_ROPE, u16)
+    assert T.task_key(_row(P.TASK_SOFT_MAX, 1, 1, u16)) == (P.TASK_SOFT_MAX, u16)
+    assert T.task_key(_row(P.TASK_GLU, 2, 0, 0, 0, f32)) == (P.TASK_GLU, f32)
+    assert T.task_key(_row(P.TASK_DUP, 0, 1, 0, 2)) == (P.TASK_DUP, 2)
+    assert T.task_key(_row(P.TASK_SGEMM, 32, 32, 4, 0, 4, u8)) == (P.TASK_SGEMM, u8)
+    mm = _row(P.TASK_MUL_MAT_F16, int(Type.F16), 64)
+    mm[P.STRIDED] = 6
+    assert T.task_key(mm) == (P.TASK_MUL_MAT_F16, 6)
+    names = {(P.TASK_DUP, 2): "dup F16->F32", (P.TASK_SGEMM, u8): "sgemm Q8_0",
+             (P.TASK_MUL_MAT_F16, 6): "mul_mat_f16 src0 strided src1 strided",
+             (P.TASK_MUL_MAT_F32, 0): "mul_mat_f32", (P.TASK_ROPE, f32): "rope F32",
+             (P.TASK_GET_ROWS, int(Type.Q8_0)): "get_rows Q8_0",
+             (P.TASK_MUL_MAT_SRC1, -1): "mul_mat_src1 -", (P.TASK_SCALE, 0): "scale"}
+    assert {key: T._task_name(key) for key in names} == names
 
 
 def test_stale_cache_is_dropped_under_numba_cache_dir(tmp_path, monkeypatch):

@@ -60,13 +60,14 @@ def _placement(n_layer, backends, layers_on):
     return [backends[int(i)] for i in layers_on]
 
 # %% book/12_llama.ipynb #c12a0f3e71b3
-def _alloc_weights(named, where, choose_buft=None):
+def _alloc_weights(named, where, choose_buft=None, duplicates=None):
     """Tensors (name -> (backend, type, ne)) in one no_alloc context per backend and
     buffer type, each context's tensors in one buffer of that type: the backend's
     default one, or for the model's weights choose_buft(tensor, name, backend)
-    (llama_weight_buft, below): {name: tensor}, [(ctx, buffer)]."""
+    (llama_weight_buft, below): {name: tensor}, [(ctx, buffer)]. duplicates: {name:
+    the name it duplicates}; one that lands where its original is, is that tensor."""
     meta = init(mem_size=tensor_overhead() * (len(named) + 1), no_alloc=True)
-    groups = {}
+    groups, keys, shared = {}, {}, {}
     for name, (backend, t, ne) in named.items():
         buft = backend_get_default_buffer_type(backend)
         if choose_buft is not None:
@@ -74,7 +75,11 @@ def _alloc_weights(named, where, choose_buft=None):
                  else new_tensor_2d(meta, t, *ne))
             set_name(x, name)
             buft = choose_buft(x, name, backend)
-        key = (id(backend), id(buft))
+        key = keys[name] = (id(backend), id(buft))
+        original = (duplicates or {}).get(name)
+        if original is not None and keys.get(original) == key:
+            shared[name] = original    # create_tensor's ggml_get_tensor(ctx, ...)
+            continue
         groups.setdefault(key, (backend, buft, []))[2].append((name, t, ne))
     tensors, owned = {}, []
     for backend, buft, items in groups.values():
@@ -90,6 +95,7 @@ def _alloc_weights(named, where, choose_buft=None):
                             f"on {backend_name(backend)}")
         owned.append((ctx, buf))
     free(meta)
+    tensors.update({name: tensors[original] for name, original in shared.items()})
     return tensors, owned
 
 # %% book/12_llama.ipynb #llama-progress
@@ -224,7 +230,7 @@ class LlamaModel:
         # tied head when the file has none
         self.output = weights.get("output.weight", self.tok_embd)
         self.rope_freqs = weights.get("rope_freqs.weight")
-        self.max_nodes = _max_nodes(len(weights))
+        self.max_nodes = _max_nodes(weights)
         self.timings = dict(_TIMINGS)
         # llama_context::graph_reuse_disable
         self.graph_reuse = not _graph_reuse_disabled()
@@ -377,15 +383,16 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
     # before anything is sized by n_layer
     llama_check_tensor_names({rt.name for rt in reader.tensors}, arch.tensors(hp))
     layers = [_Layer(b) for b in _placement(hp.n_layer, backends, layers_on)]
-    named, records = _weight_plan(reader, arch.tensors(hp), backends, layers)
-    weights, owned = _alloc_weights(named, "weights", llama_weight_buft)
+    named, records, dups = _weight_plan(reader, arch.tensors(hp), backends, layers)
+    weights, owned = _alloc_weights(named, "weights", llama_weight_buft, dups)
     for _, buf in owned:
         backend_buffer_set_usage(buf, BackendBufferUsage.WEIGHTS)
-    for name in _progress(named, "llama: loading", progress):
+    copies = [n for n in named if n not in dups or weights[n] is not weights[dups[n]]]
+    for name in _progress(copies, "llama: loading", progress):
         backend_tensor_set(weights[name], np.ascontiguousarray(records[name].data)
                            .reshape(-1).view(np.uint8))
     kv = _KVCache(hp, n_ctx, Type(type_k), Type(type_v), layers)
-    runner = _Sched(backends, _max_nodes(len(weights)))
+    runner = _Sched(backends, _max_nodes(weights))
     m = LlamaModel(hp, vocab, weights, layers, backends, kv, runner, n_batch,
                    owned + kv.owned)
     m.tokenizer_model = tokenizer
@@ -398,7 +405,7 @@ def load(path, n_ctx=512, backends=None, n_threads=None, layers_on=None, n_batch
 # %% book/12_llama.ipynb #llama-weight-plan
 def _weight_plan(reader, expected, backends, layers):
     """Every tensor of the file checked against what the architecture expects (its
-    tensors(hp)), with the backend it goes to."""
+    tensors(hp)), with the backend it goes to; and the duplicates, {name: original}."""
     records = {rt.name: rt for rt in reader.tensors}
     named = {}
     for name, (ne, required) in llama_check_tensor_names(records, expected).items():
@@ -412,19 +419,22 @@ def _weight_plan(reader, expected, backends, layers):
         else:
             backend = layers[-1].backend
         named[name] = (backend, t, ne)
+    duplicates = {}
     if "output.weight" not in named:
         # tied head: llama.cpp's TENSOR_DUPLICATED, token_embd loaded as the output
-        # tensor (MUL_MAT, so CPU_REPACK where it can take it). llama.cpp shares the
-        # tensor when both land in one buffer type; here it is always a second copy
+        # tensor (MUL_MAT, so CPU_REPACK where it can take it); the same tensor where
+        # both land in one buffer type (_alloc_weights)
         _, t, ne = named["token_embd.weight"]
         named["output.weight"] = (layers[-1].backend, t, ne)
         records["output.weight"] = records["token_embd.weight"]
-    return named, records
+        duplicates["output.weight"] = "token_embd.weight"
+    return named, records, duplicates
 
 
-def _max_nodes(n_tensors):
-    """llama.cpp's graph_max_nodes: room for every node of the largest graph."""
-    return max(1024, 8 * n_tensors)
+def _max_nodes(weights):
+    """llama.cpp's graph_max_nodes: room for every node of the largest graph, 8 per
+    tensor of the model's contexts (llama_model::n_tensors: a shared head once)."""
+    return max(1024, 8 * len({id(w) for w in weights.values()}))
 
 # %% book/93_llama_product.ipynb #2c9a7e4b6f13
 # the appendix's modules, imported after the model's code that calls them

@@ -417,38 +417,6 @@ def _lower_dup(node, p, nth):
         return [(P.TASK_DUP, [ta, td, int(same), s], (d, a), ())]
     return None                                      # the quantized copies: called back
 
-# %% book/92_making_python_fast.ipynb #native-lower-mul-mat
-from functools import cache
-
-from numba import cfunc, types
-
-from ggml_lite.backends.cpu import sgemm as S
-
-
-def _sgemm_q0_task(prog_addr, rows, k, state_addr, ith, nth):
-    """llamafile's Q8_0 x Q8_0 tiles in the compiled loop (a TASK_EXTRA row). Slots:
-    flat C, A (bytes), B (src1 as Q8_0 rows, in the work buffer), the strides of
-    S.gemm_q0_planes; ARG: this function's address, m, n, k (blocks). No counter:
-    tinyBLAS_Q0 shares its tiles out evenly."""
-    i8, a = np.int64, P.ARG
-    prog = P.make_view(prog_addr, (rows, i8(P.ROW_SIZE)), (i8(P.ROW_SIZE * 8), i8(8)),
-                       np.int64)
-    S.gemm_q0_planes(P.slot_view(prog, k, 1, np.uint8)[0, 0, 0],
-                     P.slot_view(prog, k, 2, np.uint8)[0, 0, 0],
-                     P.slot_view(prog, k, 0, np.float32)[0, 0, 0],
-                     P.slot_view(prog, k, 3, np.int64)[0, 0, 0],
-                     prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
-    return 0
-
-# %% book/92_making_python_fast.ipynb #914a3762
-@cache
-def _sgemm_q0_task_address():
-    """The address of _sgemm_q0_task compiled as a C function (numba cfunc), made on
-    first use."""
-    sig = types.int64(*[types.int64] * 6)
-    return cfunc(sig, cache=True, nogil=True,
-                 error_model="numpy")(_sgemm_q0_task).address
-
 # %% book/92_making_python_fast.ipynb #41fcff90
 def mul_mat_src1_row(vdt, convert, d, a, b, w4):
     """The first row of a compiled mul_mat: src1 (b) to vdt rows in the work buffer
@@ -473,10 +441,6 @@ def _lower_mul_mat(node, p, nth):
         vdt, f4 = (V.get_type_traits_cpu(t).vec_dot_type,
                    lambda x: x.reshape(1, 1, 1, -1))
         w4 = f4(p.wdata) if conv else f4(np.zeros(1, np.uint8))
-        if ints[3] == 0:                             # Q8_0 x Q8_0 (rn 0): tinyBLAS_Q0
-            return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
-                    (P.TASK_EXTRA, [_sgemm_q0_task_address(), *ints[:3]],
-                     (f4(C), f4(A), f4(B), f4(ld)), ())]
         return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
                 (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]],
                  (f4(C), f4(A), f4(B), f4(ld)), ())]

@@ -218,8 +218,12 @@ def _soft_max(a, m, d, tm, has_mask, scale, max_bias, ith, nth):
                         and mrow.strides[0] == mrow.itemsize):   # as ggml's rows are
                     _soft_max_row(row_c(x), row_c(mrow), tm, has_mask, scale, slope,
                                   row_c(y))
-                else:
-                    _soft_max_row(x, mrow, tm, has_mask, scale, slope, y)
+                else:   # copied: the row function is compiled for one layout only
+                    yc = np.empty(ne0, np.float32)
+                    _soft_max_row(np.ascontiguousarray(x), np.ascontiguousarray(mrow),
+                                  tm, has_mask, scale, slope, yc)
+                    for i0 in range(ne0):    # (not y[:] = yc: numba would compile
+                        y[i0] = yc[i0]       # its shape-mismatch message too)
 
 
 # stands in for a missing mask (never read)

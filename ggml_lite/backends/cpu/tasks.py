@@ -17,7 +17,7 @@ from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.atomics import atomic_store
 from ggml_lite.backends.cpu.program import (
     ARG, CALL_PYTHON, CURRENT_CHUNK, FN, KIND, N_FPARAMS, ROW_SIZE, ST_F32, ST_I64,
-    ST_U16, STATE_SIZE, STRIDED, TASK_BINARY, TASK_COPY, TASK_DUP, TASK_EXTRA,
+    ST_U8, ST_U16, STATE_SIZE, STRIDED, TASK_BINARY, TASK_COPY, TASK_DUP, TASK_EXTRA,
     TASK_GET_ROWS, TASK_GLU, TASK_MUL_MAT_F16, TASK_MUL_MAT_F32, TASK_MUL_MAT_Q,
     TASK_MUL_MAT_SRC1, TASK_NORM, TASK_PYTHON, TASK_RMS_NORM, TASK_ROPE, TASK_SCALE,
     TASK_SET_ROWS, TASK_SGEMM, TASK_SOFT_MAX, make_view)
@@ -64,70 +64,73 @@ def _set_rows_task_impl(td, prog, k, ith, nth):
     return task
 
 # %% book/92_making_python_fast.ipynb #native-run-elementwise
-@njit(cache=True, nogil=True, error_model="numpy")
-def _rope_task(prog, fp, k, ith, nth):
-    a = ARG
-    pos, ff = (_strided(prog, k, 2, np.int32)[0, 0, 0],
-               _strided(prog, k, 3, np.float32)[0, 0, 0])
-    t, has_ff, n_dims, mode = (prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2],
-                               prog[k, a + 3])
-    if prog[k, a + 4] == ST_F32:
-        x, y = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, np.float32)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1],
-                      fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
-    else:
-        x, y = _strided(prog, k, 1, np.uint16), _strided(prog, k, 0, np.uint16)
-        K.rope_kernel(x, pos, ff, y, t, has_ff, n_dims, mode, fp[k, 0], fp[k, 1],
-                      fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
+# a slot's elements for a storage known when compiling (the ST_ codes of the row)
+_ST_DTYPE = {ST_F32: np.float32, ST_U16: np.uint16, ST_U8: np.uint8}
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _soft_max_task(prog, fp, k, ith, nth):
-    x, y, tm, has_mask = (_strided(prog, k, 1, np.float32),
-                          _strided(prog, k, 0, np.float32),
-                          prog[k, ARG], prog[k, ARG + 1] != 0)
-    if prog[k, ARG + 2] == ST_F32:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.float32), y, tm, has_mask,
-                          fp[k, 0], fp[k, 1], ith, nth)
-    else:
-        K.soft_max_kernel(x, _strided(prog, k, 2, np.uint16), y, tm, has_mask,
-                          fp[k, 0], fp[k, 1], ith, nth)
+def _rope_task(st, prog, fp, k, ith, nth):
+    """rope of F32 rows, or of F16 bits: st, a constant of the compilation."""
+
+
+@overload(_rope_task, prefer_literal=True)
+def _rope_task_impl(st, prog, fp, k, ith, nth):
+    dt = _ST_DTYPE[st.literal_value]
+
+    def task(st, prog, fp, k, ith, nth):
+        a = ARG
+        pos, ff = (_strided(prog, k, 2, np.int32)[0, 0, 0],
+                   _strided(prog, k, 3, np.float32)[0, 0, 0])
+        K.rope_kernel(_strided(prog, k, 1, dt), pos, ff, _strided(prog, k, 0, dt),
+                      prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k, a + 3],
+                      fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5],
+                      ith, nth)
+    return task
+
+
+def _soft_max_task(st, prog, fp, k, ith, nth):
+    """soft_max with a mask of F32 or of F16 bits (st)."""
+
+
+@overload(_soft_max_task, prefer_literal=True)
+def _soft_max_task_impl(st, prog, fp, k, ith, nth):
+    dt = _ST_DTYPE[st.literal_value]
+
+    def task(st, prog, fp, k, ith, nth):
+        K.soft_max_kernel(_strided(prog, k, 1, np.float32), _strided(prog, k, 2, dt),
+                          _strided(prog, k, 0, np.float32), prog[k, ARG],
+                          prog[k, ARG + 1] != 0, fp[k, 0], fp[k, 1], ith, nth)
+    return task
 
 # %% book/92_making_python_fast.ipynb #417371a7
-@njit(cache=True, nogil=True, error_model="numpy")
-def _glu_task(prog, fp, k, ith, nth):
-    a = ARG
-    op, offa, offb, t = prog[k, a], prog[k, a + 1], prog[k, a + 2], prog[k, a + 3]
-    if prog[k, a + 4] == ST_F32:
-        dt = np.float32
-        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt), offa, offb, t, fp[k, 0], fp[k, 1],
-                     ith, nth)
-    else:
-        dt = np.uint16
-        U.glu_kernel(op, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt), offa, offb, t, fp[k, 0], fp[k, 1],
-                     ith, nth)
+def _glu_task(st, prog, fp, k, ith, nth):
+    """glu of F32 rows or of F16 bits (st)."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _dup_task(prog, k, ith, nth):
+@overload(_glu_task, prefer_literal=True)
+def _glu_task_impl(st, prog, fp, k, ith, nth):
+    dt = _ST_DTYPE[st.literal_value]
+
+    def task(st, prog, fp, k, ith, nth):
+        a = ARG
+        U.glu_kernel(prog[k, a], _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
+                     _strided(prog, k, 0, dt), prog[k, a + 1], prog[k, a + 2],
+                     prog[k, a + 3], fp[k, 0], fp[k, 1], ith, nth)
+    return task
+
+
+def _dup_task(s, prog, k, ith, nth):
     """The float copy (cpy, cont, dup) between F32 and F16/BF16 bits, any strides on
-    both sides."""
-    ta, td, same, s = (prog[k, ARG], prog[k, ARG + 1], prog[k, ARG + 2] != 0,
-                       prog[k, ARG + 3])
-    if s == 0:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta,
-                         _strided(prog, k, 0, np.float32), td, same, ith, nth)
-    elif s == 1:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.float32), ta,
-                         _strided(prog, k, 0, np.uint16), td, same, ith, nth)
-    elif s == 2:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta,
-                         _strided(prog, k, 0, np.float32), td, same, ith, nth)
-    else:
-        C.dup_flt_kernel(_strided(prog, k, 1, np.uint16), ta,
-                         _strided(prog, k, 0, np.uint16), td, same, ith, nth)
+    both sides; s: 2 for a source of 16-bit floats, + 1 for such a destination."""
+
+
+@overload(_dup_task, prefer_literal=True)
+def _dup_task_impl(s, prog, k, ith, nth):
+    da, dd = (np.uint16 if s.literal_value & bit else np.float32 for bit in (2, 1))
+
+    def task(s, prog, k, ith, nth):
+        C.dup_flt_kernel(_strided(prog, k, 1, da), prog[k, ARG], _strided(prog, k, 0, dd),
+                         prog[k, ARG + 1], prog[k, ARG + 2] != 0, ith, nth)
+    return task
 
 # %% book/92_making_python_fast.ipynb #native-run-mm
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -139,30 +142,47 @@ def _mul_mat_f(prog, k, x, y, state, owner, ith, nth):
                               state[CURRENT_CHUNK:CURRENT_CHUNK + 1], owner, ith, nth)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mul_mat_f_task(prog, k, dt, state, owner, ith, nth):
-    """F32 weights (dt float32) or F16/BF16 (dt uint16, src1 of the same bits)."""
-    s = prog[k, STRIDED]
-    if s == 0:
-        _mul_mat_f(prog, k, _array(prog, k, 1, dt), _array(prog, k, 2, dt), state,
-                   owner, ith, nth)
-    elif s == 2:                  # src0 strided (slot 1), src1 contiguous
-        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _array(prog, k, 2, dt), state,
-                   owner, ith, nth)
-    else:
-        _mul_mat_f(prog, k, _strided(prog, k, 1, dt), _strided(prog, k, 2, dt), state,
-                   owner, ith, nth)
+def _mul_mat_f_task(s, dt, prog, k, state, owner, ith, nth):
+    """F32 weights (dt float32) or F16/BF16 (dt uint16, src1 of the same bits); s: the
+    row's STRIDED bits, a constant of the compilation (2: src0 strided, 4: src1)."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _sgemm_task(prog, k, dt, state, ith, nth):
-    """Slots: flat C, A, B and the int64 strides of S.gemm_planes; ARG: m, n, k, rn,
-    bm, storage."""
-    a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
-    S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0],
-                  _array(prog, k, 0, np.float32)[0, 0, 0],
-                  _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1],
-                  prog[k, a + 2], prog[k, a + 3], prog[k, a + 4], c, ith, nth)
+@overload(_mul_mat_f_task, prefer_literal=True)
+def _mul_mat_f_task_impl(s, dt, prog, k, state, owner, ith, nth):
+    xview, yview = (_strided if s.literal_value & bit else _array for bit in (2, 4))
+
+    def task(s, dt, prog, k, state, owner, ith, nth):
+        _mul_mat_f(prog, k, xview(prog, k, 1, dt), yview(prog, k, 2, dt), state, owner,
+                   ith, nth)
+    return task
+
+
+def _sgemm_task(st, prog, k, state, ith, nth):
+    """llamafile's tinyBLAS (05) on F32 (st ST_F32) or F16 bits (ST_U16) on both sides,
+    or its Q8_0 tiles (ST_U8). Slots: flat C, A, B and the int64 strides of the planes;
+    ARG: m, n, k (Q8_0: in blocks), rn, bm, storage."""
+
+
+@overload(_sgemm_task, prefer_literal=True)
+def _sgemm_task_impl(st, prog, k, state, ith, nth):
+    dt = _ST_DTYPE[st.literal_value]
+    if dt is np.uint8:
+        def task_q0(st, prog, k, state, ith, nth):   # no counter: tinyBLAS_Q0 shares
+            a = ARG                                   # its tiles out evenly
+            S.gemm_q0_planes(_array(prog, k, 1, dt)[0, 0, 0],
+                             _array(prog, k, 2, dt)[0, 0, 0],
+                             _array(prog, k, 0, np.float32)[0, 0, 0],
+                             _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a],
+                             prog[k, a + 1], prog[k, a + 2], ith, nth)
+        return task_q0
+
+    def task(st, prog, k, state, ith, nth):
+        a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
+        S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0],
+                      _array(prog, k, 0, np.float32)[0, 0, 0],
+                      _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a], prog[k, a + 1],
+                      prog[k, a + 2], prog[k, a + 3], prog[k, a + 4], c, ith, nth)
+    return task
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -241,37 +261,34 @@ def _mul_mat_q(kind, key, prog, fp, state, owner, k, ith, nth):
 
 
 def _mul_mat_f32(kind, key, prog, fp, state, owner, k, ith, nth):
-    _mul_mat_f_task(prog, k, np.float32, state, owner, ith, nth)
+    _mul_mat_f_task(key, np.float32, prog, k, state, owner, ith, nth)
     return 0
 
 
 def _mul_mat_f16(kind, key, prog, fp, state, owner, k, ith, nth):
     """F16 or BF16 weights: uint16 bits on both sides."""
-    _mul_mat_f_task(prog, k, np.uint16, state, owner, ith, nth)
+    _mul_mat_f_task(key, np.uint16, prog, k, state, owner, ith, nth)
     return 0
 
 
 def _sgemm(kind, key, prog, fp, state, owner, k, ith, nth):
-    """llamafile's tinyBLAS (05): F32, or F16 bits on both sides."""
-    if prog[k, ARG + 5] == ST_F32:
-        _sgemm_task(prog, k, np.float32, state, ith, nth)
-    else:
-        _sgemm_task(prog, k, np.uint16, state, ith, nth)
+    """llamafile's tinyBLAS (05): F32, F16 bits on both sides, or Q8_0 (key)."""
+    _sgemm_task(key, prog, k, state, ith, nth)
     return 0
 
 
 def _rope(kind, key, prog, fp, state, owner, k, ith, nth):
-    _rope_task(prog, fp, k, ith, nth)
+    _rope_task(key, prog, fp, k, ith, nth)
     return 0
 
 
 def _soft_max(kind, key, prog, fp, state, owner, k, ith, nth):
-    _soft_max_task(prog, fp, k, ith, nth)
+    _soft_max_task(key, prog, fp, k, ith, nth)
     return 0
 
 
 def _glu(kind, key, prog, fp, state, owner, k, ith, nth):
-    _glu_task(prog, fp, k, ith, nth)
+    _glu_task(key, prog, fp, k, ith, nth)
     return 0
 
 
@@ -283,7 +300,7 @@ def _copy(kind, key, prog, fp, state, owner, k, ith, nth):
 
 
 def _dup(kind, key, prog, fp, state, owner, k, ith, nth):
-    _dup_task(prog, k, ith, nth)
+    _dup_task(key, prog, k, ith, nth)
     return 0
 
 # %% book/92_making_python_fast.ipynb #879fc687
@@ -296,9 +313,12 @@ _BODIES = {TASK_BINARY: _binary, TASK_SCALE: _scale, TASK_RMS_NORM: _rms_norm,
            TASK_MUL_MAT_F32: _mul_mat_f32, TASK_MUL_MAT_F16: _mul_mat_f16,
            TASK_SGEMM: _sgemm, TASK_ROPE: _rope, TASK_SOFT_MAX: _soft_max,
            TASK_GLU: _glu, TASK_COPY: _copy, TASK_DUP: _dup}
-# the kinds whose kernel depends on a type, and the ARG of their rows that holds it
+# the kinds whose kernel depends on a type, a storage or the strides, and the column
+# of their rows that holds it
 KEYED_KINDS = {TASK_MUL_MAT_SRC1: ARG, TASK_MUL_MAT_Q: ARG, TASK_GET_ROWS: ARG,
-               TASK_SET_ROWS: ARG}
+               TASK_SET_ROWS: ARG, TASK_ROPE: ARG + 4, TASK_SOFT_MAX: ARG + 2,
+               TASK_GLU: ARG + 4, TASK_DUP: ARG + 3, TASK_SGEMM: ARG + 5,
+               TASK_MUL_MAT_F32: STRIDED, TASK_MUL_MAT_F16: STRIDED}
 
 
 def _task_body(kind, key, prog, fp, state, owner, k, ith, nth):
@@ -391,12 +411,23 @@ def with_task_functions(prog):
     return prog
 
 # %% book/92_making_python_fast.ipynb #task-table-names
+_ST_NAMES = {ST_F32: "F32", ST_U16: "F16", ST_U8: "Q8_0"}
+
+
 def _task_name(key):
+    """How the announcement names a task function: its kind, and its key as a type, a
+    storage, a copy's two storages or the operands that are strided."""
     from ggml_lite.types import Type
-    kind, t = key
-    if kind in KEYED_KINDS:
-        return _KIND_NAMES[kind] + " " + (Type(t).name if t >= 0 else "-")
-    return _KIND_NAMES[kind]
+    kind, v = key
+    name = _KIND_NAMES[kind]
+    if KEYED_KINDS.get(kind) == ARG:
+        return name + " " + (Type(v).name if v >= 0 else "-")
+    if kind == TASK_DUP:
+        return f"{name} {_ST_NAMES[v >> 1]}->{_ST_NAMES[v & 1]}"
+    if KEYED_KINDS.get(kind) == STRIDED:
+        return name + "".join(f" {s} strided" for s, b in (("src0", 2), ("src1", 4))
+                              if v & b)
+    return name + " " + _ST_NAMES[v] if kind in KEYED_KINDS else name
 
 
 def _progress(n):

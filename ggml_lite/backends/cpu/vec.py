@@ -22,6 +22,7 @@ from ggml_lite.backends.cpu.quants import from_float_row_of
 from ggml_lite.backends.cpu.simd import (mul_sum_i8_pairs, vcat, vdot4, vfloat, vget,
                                          vi8, vload, vload_f16, vsum, vu8, vzero)
 from ggml_lite.backends.cpu.tiled import TILED, mul_mat_tiled_type, tiled_rows
+from ggml_lite.backends.cpu.vexp import row_c
 from ggml_lite.core import GGMLError
 from ggml_lite.types import (Type, bf16_to_fp32, blck_size, fp32_to_bf16_row,
                              get_type_traits, row_size, type_name, type_size)
@@ -216,7 +217,10 @@ def _mm_src1(vdt, b, w, rs, bs, ts, ith, nth):
             for i11 in range(ne11):
                 o = ((i13 * ne12 + i12) * ne11 + i11) * rs
                 x, y = b[i13, i12, i11, k0 * bs:k1 * bs], w[o + k0 * ts:o + k1 * ts]
-                from_float_row_of(vdt, x, y)   # vdt: one type, or any
+                # one layout compiled: a row as it is when contiguous (always, in
+                # ggml: nb10 == sizeof(float)), else a copy
+                xc = row_c(x) if x.strides[0] == 4 else np.ascontiguousarray(x)
+                from_float_row_of(vdt, xc, y)   # vdt: one type, or any
 
 # %% book/05_cpu_kernels.ipynb #8ef8f9d4
 def _needs_conversion(src0_type, src1):

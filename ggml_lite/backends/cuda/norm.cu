@@ -41,43 +41,15 @@ extern "C" __global__ void norm_f32(
 }
 
 // %% book/11_cuda.ipynb #cu-norm-cu-1
-// block 256 for rows under 1024 values, else 1024
-extern "C" __global__ void rms_norm_f32(
-        const float * x, float * dst, const int ncols, const int64_t stride_row,
-        const int64_t stride_channel, const int64_t stride_sample, const float eps) {
-    const int nrows     = gridDim.x;
-    const int nchannels = gridDim.y;
-    const int row       = blockIdx.x;
-    const int channel   = blockIdx.y;
-    const int sample    = blockIdx.z;
-    const int tid       = threadIdx.x;
-
-    x   += sample * stride_sample + channel * stride_channel + row * stride_row;
-    dst += (((int64_t) sample * nchannels + channel) * nrows + row) * ncols;
-
-    float tmp = 0.0f;
-    for (int col = tid; col < ncols; col += blockDim.x) {
-        const float xi = x[col];
-        tmp += xi * xi;
-    }
-    __shared__ float s_sum[32];
-    tmp = block_reduce<false>(tmp, s_sum);
-
-    const float mean = tmp / ncols;
-    const float scale = rsqrtf(mean + eps);
-    for (int col = tid; col < ncols; col += blockDim.x) {
-        dst[col] = scale * x[col];
-    }
-}
-
-// %% book/11_cuda.ipynb #cu-norm-cu-2
-// RMS_NORM followed by its MUL, in one kernel (ggml's rms_norm_f32 with do_multiply):
-// the row's scale as above, each value written as scale * x * mul, the multiplier
-// broadcast over rows, channels and samples by modulo.
-extern "C" __global__ void rms_norm_mul_f32(
+// RMS_NORM's row, with the multiply that may follow it fused in (ggml's rms_norm_f32
+// template and its do_multiply): the scale of the row, then each value written as
+// scale * x, or scale * x * mul with the multiplier broadcast over rows, channels and
+// samples by modulo. Block 256 for rows under 1024 values, else 1024.
+template <bool do_multiply>
+static __device__ void rms_norm_row(
         const float * x, float * dst, const int ncols, const int64_t stride_row,
         const int64_t stride_channel, const int64_t stride_sample, const float eps,
-        const float * mul, const int64_t mul_stride_row,
+        float * s_sum, const float * mul, const int64_t mul_stride_row,
         const int64_t mul_stride_channel, const int64_t mul_stride_sample,
         const int mul_ncols, const int mul_nrows, const int mul_nchannels,
         const int mul_nsamples) {
@@ -90,21 +62,50 @@ extern "C" __global__ void rms_norm_mul_f32(
 
     x   += sample * stride_sample + channel * stride_channel + row * stride_row;
     dst += (((int64_t) sample * nchannels + channel) * nrows + row) * ncols;
-    mul += (sample % mul_nsamples) * mul_stride_sample
-         + (channel % mul_nchannels) * mul_stride_channel
-         + (row % mul_nrows) * mul_stride_row;
+    if constexpr (do_multiply) {
+        mul += (sample % mul_nsamples) * mul_stride_sample
+             + (channel % mul_nchannels) * mul_stride_channel
+             + (row % mul_nrows) * mul_stride_row;
+    }
 
     float tmp = 0.0f;
     for (int col = tid; col < ncols; col += blockDim.x) {
         const float xi = x[col];
         tmp += xi * xi;
     }
-    __shared__ float s_sum[32];
     tmp = block_reduce<false>(tmp, s_sum);
 
     const float mean = tmp / ncols;
     const float scale = rsqrtf(mean + eps);
     for (int col = tid; col < ncols; col += blockDim.x) {
-        dst[col] = scale * x[col] * mul[col % mul_ncols];
+        if constexpr (do_multiply) {
+            dst[col] = scale * x[col] * mul[col % mul_ncols];
+        } else {
+            dst[col] = scale * x[col];
+        }
     }
+}
+
+extern "C" __global__ void rms_norm_f32(
+        const float * x, float * dst, const int ncols, const int64_t stride_row,
+        const int64_t stride_channel, const int64_t stride_sample, const float eps) {
+    __shared__ float s_sum[32];
+    rms_norm_row<false>(x, dst, ncols, stride_row, stride_channel, stride_sample, eps,
+                        s_sum, nullptr, 0, 0, 0, 1, 1, 1, 1);
+}
+
+// %% book/11_cuda.ipynb #cu-norm-cu-2
+// RMS_NORM followed by its MUL, in one launch: the row above with do_multiply.
+extern "C" __global__ void rms_norm_mul_f32(
+        const float * x, float * dst, const int ncols, const int64_t stride_row,
+        const int64_t stride_channel, const int64_t stride_sample, const float eps,
+        const float * mul, const int64_t mul_stride_row,
+        const int64_t mul_stride_channel, const int64_t mul_stride_sample,
+        const int mul_ncols, const int mul_nrows, const int mul_nchannels,
+        const int mul_nsamples) {
+    __shared__ float s_sum[32];
+    rms_norm_row<true>(x, dst, ncols, stride_row, stride_channel, stride_sample, eps,
+                       s_sum, mul, mul_stride_row, mul_stride_channel,
+                       mul_stride_sample, mul_ncols, mul_nrows, mul_nchannels,
+                       mul_nsamples);
 }
