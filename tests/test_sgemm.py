@@ -59,7 +59,8 @@ def test_plan_is_llamafiles(m, n, k, nth, want):
 
 
 def test_declines_other_types_and_leaves_dst_alone():
-    for pair in ((Type.F16, Type.F32), (Type.F32, Type.F16), (Type.Q8_0, Type.F32), (Type.Q4_0, Type.Q8_0),
+    for pair in ((Type.F16, Type.F32), (Type.F32, Type.F16), (Type.Q8_0, Type.F32), (Type.Q4_1, Type.Q8_1),
+                 (Type.Q5_1, Type.Q8_1), (Type.Q4_0, Type.F32),
                  (Type.BF16, Type.BF16)):
         assert S.llamafile_sgemm_plan(64, 4, 32, 1, *pair) is None
     assert S.llamafile_sgemm_plan(64, 4, 32, 1, Type.F32, Type.F32, Type.F16) is None
@@ -177,7 +178,7 @@ def test_q8_0_broadcast_planes():
 @pytest.mark.parametrize("python_loop", [False, True])
 def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
     """A Q8_0 weight against 8 F32 activation rows, src1 broadcast over 2 planes: with llamafile on,
-    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_SGEMM row of Q8_0 storage in
+    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_SGEMM row keyed by Q8_0 in
     the compiled loop; the Python loop calls the same function), the same bits as with it off."""
     import ggml_lite as ggml
     from ggml_lite.backends.cpu import program as P
@@ -210,5 +211,52 @@ def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
         ggml.backend_buffer_free(buf)
         ggml.free(ctx)
     assert np.array_equal(got[True], got[False])
-    tiles = (P.TASK_SGEMM, P.ST_U8)
+    tiles = (P.TASK_SGEMM, int(Type.Q8_0))
     assert tiles in kinds[True] and tiles not in kinds[False], kinds
+
+
+@pytest.mark.parametrize("wtype", ["Q4_0", "Q5_0"])
+@pytest.mark.parametrize("python_loop", [False, True])
+def test_q4_0_and_q5_0_weights_take_tinyblas_q0(wtype, python_loop):
+    """ggml's llamafile_sgemm runs tinyBLAS_Q0_AVX for Q4_0 and Q5_0 weights against Q8_0
+    activations too: the same integer sums and fused multiply-adds per block as the weight's
+    dot product, so the same bits as with llamafile off; 37 weight rows (a tile of 4 and the
+    leftovers), 7 activation rows in 2 planes, 2 threads."""
+    import ggml_lite as ggml
+    from ggml_lite.backends.cpu import program as P
+    from ggml_lite.backends.cpu import tasks as T
+    from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile
+    from ggml_lite.backends.cpu.compute import _PREPARED
+    t = Type[wtype]
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((37, 96)).astype(np.float32)
+    x = rng.standard_normal((2, 7, 96)).astype(np.float32)
+    got, keys = {}, {}
+    for on in (False, True):
+        ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
+        a, b = ggml.new_tensor_2d(ctx, t, 96, 37), ggml.new_tensor_3d(ctx, Type.F32, 96, 7, 2)
+        y = ggml.mul_mat(ctx, a, b)
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, y)
+        cpu = ggml.backend_cpu_init()
+        buf = ggml.backend_alloc_ctx_tensors(ctx, cpu)
+        ggml.backend_tensor_set(a, ggml.quantize_chunk(t, w))
+        ggml.backend_tensor_set(b, x)
+        _PREPARED.clear()
+        plan = ggml.graph_plan(gf, 2)
+        plan.llamafile, plan.python_loop = on, python_loop
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+        ggml.graph_compute(gf, plan)
+        got[on] = ggml.backend_tensor_get(y)
+        keys[on] = {T.task_key(row) for p in _PREPARED.values() if p.native is not None
+                    for row in p.native.prog}
+        ggml.backend_buffer_free(buf)
+        ggml.free(ctx)
+    assert np.array_equal(got[True], got[False])
+    want = x @ ggml.types.dequantize_rows(t, ggml.quantize_chunk(t, w), 96).T
+    # (the activations are rounded to Q8_0 on both paths)
+    assert ((got[True] - want) ** 2).sum() / (want ** 2).sum() < 1e-4
+    if not python_loop:
+        assert (P.TASK_SGEMM, int(t)) in keys[True] and (P.TASK_SGEMM, int(t)) not in keys[False]
+    assert S.llamafile_sgemm_plan(37, 7, 3, 2, t, Type.Q8_0) == (0, 0)
+    assert S.llamafile_sgemm_plan(37, 7, 3, 2, Type.Q4_1, Type.Q8_1) is None     # not in ggml

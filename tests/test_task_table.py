@@ -160,16 +160,17 @@ def test_task_keys_and_the_fn_column():
 
 
 def test_storage_and_strides_key_the_float_kinds():
-    f32, u16, u8 = P.ST_F32, P.ST_U16, P.ST_U8
+    f32, u16 = P.ST_F32, P.ST_U16
     assert T.task_key(_row(P.TASK_ROPE, 0, 0, 64, 2, u16)) == (P.TASK_ROPE, u16)
     assert T.task_key(_row(P.TASK_SOFT_MAX, 1, 1, u16)) == (P.TASK_SOFT_MAX, u16)
     assert T.task_key(_row(P.TASK_GLU, 2, 0, 0, 0, f32)) == (P.TASK_GLU, f32)
     assert T.task_key(_row(P.TASK_DUP, 0, 1, 0, 2)) == (P.TASK_DUP, 2)
-    assert T.task_key(_row(P.TASK_SGEMM, 32, 32, 4, 0, 4, u8)) == (P.TASK_SGEMM, u8)
+    q5 = int(Type.Q5_0)                     # llamafile's sgemm: by the weight's type
+    assert T.task_key(_row(P.TASK_SGEMM, 32, 32, 4, 0, 0, q5)) == (P.TASK_SGEMM, q5)
     mm = _row(P.TASK_MUL_MAT_F16, int(Type.F16), 64)
     mm[P.STRIDED] = 6
     assert T.task_key(mm) == (P.TASK_MUL_MAT_F16, 6)
-    names = {(P.TASK_DUP, 2): "dup F16->F32", (P.TASK_SGEMM, u8): "sgemm Q8_0",
+    names = {(P.TASK_DUP, 2): "dup F16->F32", (P.TASK_SGEMM, q5): "sgemm Q5_0",
              (P.TASK_MUL_MAT_F16, 6): "mul_mat_f16 src0 strided src1 strided",
              (P.TASK_MUL_MAT_F32, 0): "mul_mat_f32", (P.TASK_ROPE, f32): "rope F32",
              (P.TASK_GET_ROWS, int(Type.Q8_0)): "get_rows Q8_0",

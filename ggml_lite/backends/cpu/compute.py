@@ -442,7 +442,7 @@ def _lower_mul_mat(node, p, nth):
                    lambda x: x.reshape(1, 1, 1, -1))
         w4 = f4(p.wdata) if conv else f4(np.zeros(1, np.uint8))
         return [mul_mat_src1_row(vdt, conv, d, a, b, w4),
-                (P.TASK_SGEMM, [*ints, _STORAGE[A.dtype]],
+                (P.TASK_SGEMM, [*ints, int(t)],
                  (f4(C), f4(A), f4(B), f4(ld)), ())]
     if a.dtype == np.float16:
         a = a.view(np.uint16)

@@ -6,11 +6,12 @@ __all__ = ['llamafile_sgemm_plan', 'llamafile_sgemm', 'forward_mul_mat_sgemm']
 # %% book/05_cpu_kernels.ipynb #sgemm-imports
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import literally, njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu import vec as V
+from ggml_lite.backends.cpu.qdots import _bits32
 from ggml_lite.backends.cpu.simd import (
     AVX512_VNNI, Vec, mul_sum_i8_pairs, vcat, vfloat, vload, vget, vload_f32,
     vstore_f32, vsum, vzero, x86_intrinsic)
@@ -167,15 +168,15 @@ def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
 def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
     """What llamafile_sgemm (ggml src/ggml-cpu/llamafile/sgemm.cpp, x86 with AVX2, FMA
     and F16C) decides for C[n, m] = B[n, k] A[m, k]^T: None when it declines (ggml then
-    falls back to its own kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0 x Q8_0
-    (tinyBLAS_Q0, tiled by mnpack; k counts blocks there). It declines a single column
-    (n < 2: "only enable sgemm for prompt processing"), any C but F32, A and B of other
-    type pairs than F32 x F32, F16 x F16 and Q8_0 x Q8_0 (ggml also takes BF16 x BF16
-    and Q4_0/Q5_0/IQ4_NL x Q8_0, no Q4_1: not in ggml_lite), and, for the float types, k not
+    falls back to its own kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0, Q4_0 or
+    Q5_0 x Q8_0 (tinyBLAS_Q0, tiled by mnpack; k counts blocks there). It declines a
+    single column (n < 2: "only enable sgemm for prompt processing"), any C but F32, A
+    and B of other type pairs than F32 x F32, F16 x F16 and those (ggml also takes BF16 x
+    BF16 and IQ4_NL x Q8_0, no Q4_1: not in ggml_lite), and, for the float types, k not
     a multiple of the vector width and m not a multiple of 4."""
     if n < 2 or ctype != Type.F32:
         return None
-    if (atype, btype) == (Type.Q8_0, Type.Q8_0):
+    if atype in Q0_TYPES and btype == Type.Q8_0:
         return 0, 0
     if (atype, btype) not in ((Type.F32, Type.F32), (Type.F16, Type.F16)):
         return None
@@ -197,7 +198,7 @@ def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, b
     """llamafile_sgemm for thread ith of nth: False if it declines (before touching
     anything), else computes this thread's share of C and returns True. A, B: flat
     float32 (F32) or uint16 (F16 bits) arrays of rows lda, ldb elements apart, or uint8
-    (Q8_0 blocks) of rows lda, ldb blocks apart, k blocks long; C flat float32, rows ldc
+    (blocks of atype, Q8_0's for B) of rows lda, ldb blocks apart, k blocks long; C flat float32, rows ldc
     apart; counter: a 1-element int64 array set to nth before any thread starts (ggml:
     ith 0 sets it behind a barrier, inside gemm; Q8_0's tiles are shared out without
     it)."""
@@ -205,7 +206,8 @@ def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, b
     if plan is None:
         return False
     if plan == (0, 0):
-        gemm_q0(A, lda * Q8_0_BYTES, B, ldb * Q8_0_BYTES, C, ldc, k, m, n, ith, nth)
+        gemm_q0(int(atype), A, lda * Q0_TYPES[Type(atype)], B, ldb * Q8_0_BYTES, C, ldc,
+                k, m, n, ith, nth)
     else:
         gemm(A, lda, B, ldb, C, ldc, k, m, n, plan[0], plan[1], counter, ith, nth)
     return True
@@ -216,13 +218,13 @@ def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
     played one after another: on src1 as it is, then, if declined and src1 is not of the
     weight's vec_dot_type, on src1 converted to it (F16 for an F16 weight, Q8_0 rows for
     a Q8_0 weight, as the chunk loop would read it). False if both decline (ggml goes on
-    to its chunk loop). src0 (F16 as uint16 bits, Q8_0 as its bytes), src1 (float32),
+    to its chunk loop). src0 (F16 as uint16 bits, Q8_0, Q4_0, Q5_0 as bytes), src1 (float32),
     dst (float32): contiguous [ne3, ne2, ne1, ne0] arrays; src0 broadcast over planes as
     in mul_mat."""
     ne03, ne02, ne01, _ = src0.shape
     ne13, ne12, ne11, ne10 = src1.shape
     r2, r3 = ne12 // ne02, ne13 // ne03
-    quantized = src0_type == Type.Q8_0
+    quantized = src0_type in Q0_TYPES
     k = ne10 // 32 if quantized else ne10                   # ggml's k: ne00 / blck_size
 
     def attempt(btype, b, ldb):
@@ -239,7 +241,7 @@ def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
     if attempt(Type.F32, src1, ne10):
         return True
     # (F32's vec_dot_type is F32: nothing to convert)
-    if src0_type not in (Type.F16, Type.Q8_0):
+    if src0_type != Type.F16 and not quantized:
         return False
     wdata = np.empty(V.mul_mat_wsize(src0_type, src1), np.uint8)
     for ith in range(nth):
@@ -253,20 +255,71 @@ def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-dot
 Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
+# tinyBLAS_Q0_AVX's weight types (against Q8_0 activations) and the bytes of a block:
+# each starts with its fp16 scale
+Q0_TYPES = {Type.Q8_0: Q8_0_BYTES, Type.Q4_0: 18, Type.Q5_0: 22}
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _q0_sum(A, ao, B, bo):
-    """The 32 int8 codes at A[ao] times those at B[bo], summed in fours: Vec(float32 x 8)
-    (ggml's mul_sum_i8_pairs_float)."""
-    return vfloat(mul_sum_i8_pairs(vload(A, ao, 32), vload(B, bo, 32)))
+def _q0_codes_q8_0(A, ao):
+    return vload(A, ao + 2, 32)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _q0_dot(A, ao, B, bo, c):
-    """One block of one output: c + _q0_sum * dA * dB, as ggml_vec_dot_q8_0_q8_0 and
-    tinyBLAS_Q0_AVX both add it (one fused multiply-add per lane)."""
-    return c + _q0_sum(A, ao + 2, B, bo + 2) * (V.fp16_at(A, ao) * V.fp16_at(B, bo))
+def _q0_codes_q4_0(A, ao):
+    q = vload(A, ao + 2, 16)              # byte j: element j (low nibble), j+16 (high)
+    return vcat(q & 15, q >> 4) - 8
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_codes_q5_0(A, ao):
+    q = vload(A, ao + 6, 16)              # element j's fifth bit: bit j of qh
+    return (vcat(q & 15, q >> 4) | (_bits32(A, ao + 2) & 16)) - 16
+
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-codes
+def q0_codes(ta, A, ao):
+    """tinyBLAS_Q0_AVX's load: the 32 codes of the block of type ta at A[ao] as int8
+    bytes (Q4_0's denibble minus 8, Q5_0's denibble or'ed with bittobyte)."""
+
+
+def q0_bytes(ta):
+    """The bytes of a block of type ta."""
+
+
+_Q0_CODES = {int(Type.Q8_0): _q0_codes_q8_0, int(Type.Q4_0): _q0_codes_q4_0,
+             int(Type.Q5_0): _q0_codes_q5_0}
+
+
+# Both for a type known when compiling only (gemm_q0 asks numba for ta as a literal):
+# a Q5_0 product compiles no other type's load.
+@overload(q0_codes, prefer_literal=True)
+def _q0_codes_impl(ta, A, ao):
+    if isinstance(ta, types.IntegerLiteral):
+        codes = _Q0_CODES[ta.literal_value]
+        return lambda ta, A, ao: codes(A, ao)
+
+
+@overload(q0_bytes, prefer_literal=True)
+def _q0_bytes_impl(ta):
+    if isinstance(ta, types.IntegerLiteral):
+        n = Q0_TYPES[Type(ta.literal_value)]
+        return lambda ta: n
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_sum(ta, A, ao, B, bo):
+    """The codes of the block at A[ao] times the 32 int8 at B[bo], summed in fours:
+    Vec(float32 x 8) (ggml's updot: sign tricks, then pmaddubsw and pmaddwd, or
+    vpdpbusd)."""
+    return vfloat(mul_sum_i8_pairs(q0_codes(ta, A, ao), vload(B, bo, 32)))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_dot(ta, A, ao, B, bo, c):
+    """One block of one output: c + _q0_sum * dA * dB, as ggml_vec_dot_q8_0_q8_0 (and
+    the Q4_0, Q5_0 dots) and tinyBLAS_Q0_AVX both add it (one fused multiply-add per
+    lane)."""
+    return c + _q0_sum(ta, A, ao, B, bo + 2) * (V.fp16_at(A, ao) * V.fp16_at(B, bo))
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-scales
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -280,7 +333,7 @@ def q0_row_scales(X, ld, rows, k):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def q0_scale_products(A, lda, ii, new_rows, dA4, dB, j0, j1, k, P):
+def q0_scale_products(ta, A, lda, ii, new_rows, dA4, dB, j0, j1, k, P):
     """The products of scales of a 4 x 2 tile, block by block: P[8l + i] = dA(ii+i, l) *
     dB(j0, l) and P[8l + 4 + i] = dA(ii+i, l) * dB(j1, l), what gemm4xN multiplies with
     _mm_mul_ps(da, db) inside its loop. dA4 holds the four rows' scales side by side,
@@ -288,7 +341,7 @@ def q0_scale_products(A, lda, ii, new_rows, dA4, dB, j0, j1, k, P):
     if new_rows:
         for l in range(k):
             for i in range(4):
-                dA4[4 * l + i] = V.fp16_at(A, lda * (ii + i) + Q8_0_BYTES * l)
+                dA4[4 * l + i] = V.fp16_at(A, lda * (ii + i) + q0_bytes(ta) * l)
     for l in range(k):      # (vector loads: no check of the indexes' sign in the loop)
         d4 = vload_f32(dA4, 4 * l, 4)
         vstore_f32(P, 8 * l, d4 * vget(vload_f32(dB, j0 * k + l, 1), 0))
@@ -296,7 +349,7 @@ def q0_scale_products(A, lda, ii, new_rows, dA4, dB, j0, j1, k, P):
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-tile
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
+def q0_tile(ta, A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
     """tinyBLAS_Q0_AVX's tile of rm x rn outputs C[ldc*(jj+j) + ii+i], A's rows ii.. by
     B's rows jj.. (lda, ldb: row strides in bytes; k blocks). The 4 x 2 and 4 x 1 tiles
     (gemm4xN) load a block of A once for both columns and a block of B once for four
@@ -308,22 +361,21 @@ def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
         z = vzero(np.float32, 8)
         c00, c01, c02, c03 = z, z, z, z
         c10, c11, c12, c13 = z, z, z, z
-        # the codes of each row's blocks (after the scale)
-        a0, a1 = lda * ii + 2, lda * (ii + 1) + 2
-        a2, a3 = lda * (ii + 2) + 2, lda * (ii + 3) + 2
+        # each row's blocks; B's codes after their scale
+        a0, a1, a2, a3 = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
         b0, b1 = ldb * jj + 2, ldb * j1 + 2
         # row by row, both columns of a row together: a row's bytes are dead after
         # its two products, so the eight sums stay in registers
         for l in range(k):
-            o, p = Q8_0_BYTES * l, 8 * l
-            c00 += _q0_sum(A, a0 + o, B, b0 + o) * P[p]
-            c10 += _q0_sum(A, a0 + o, B, b1 + o) * P[p + 4]
-            c01 += _q0_sum(A, a1 + o, B, b0 + o) * P[p + 1]
-            c11 += _q0_sum(A, a1 + o, B, b1 + o) * P[p + 5]
-            c02 += _q0_sum(A, a2 + o, B, b0 + o) * P[p + 2]
-            c12 += _q0_sum(A, a2 + o, B, b1 + o) * P[p + 6]
-            c03 += _q0_sum(A, a3 + o, B, b0 + o) * P[p + 3]
-            c13 += _q0_sum(A, a3 + o, B, b1 + o) * P[p + 7]
+            o, q, p = q0_bytes(ta) * l, Q8_0_BYTES * l, 8 * l
+            c00 += _q0_sum(ta, A, a0 + o, B, b0 + q) * P[p]
+            c10 += _q0_sum(ta, A, a0 + o, B, b1 + q) * P[p + 4]
+            c01 += _q0_sum(ta, A, a1 + o, B, b0 + q) * P[p + 1]
+            c11 += _q0_sum(ta, A, a1 + o, B, b1 + q) * P[p + 5]
+            c02 += _q0_sum(ta, A, a2 + o, B, b0 + q) * P[p + 2]
+            c12 += _q0_sum(ta, A, a2 + o, B, b1 + q) * P[p + 6]
+            c03 += _q0_sum(ta, A, a3 + o, B, b0 + q) * P[p + 3]
+            c13 += _q0_sum(ta, A, a3 + o, B, b1 + q) * P[p + 7]
         o = ldc * jj + ii
         C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c00), vsum(c01), vsum(c02), vsum(c03)
         o = ldc * j1 + ii
@@ -332,8 +384,9 @@ def q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
     for j in range(jj, jj + rn):
         for i in range(ii, ii + rm):
             c = vzero(np.float32, 8)
-            for l in range(0, k * Q8_0_BYTES, Q8_0_BYTES):
-                c = _q0_dot(A, lda * i + l, B, ldb * j + l, c)
+            for l in range(k):
+                c = _q0_dot(ta, A, lda * i + q0_bytes(ta) * l, B,
+                            ldb * j + Q8_0_BYTES * l, c)
             C[ldc * j + i] = vsum(c)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm
@@ -397,10 +450,10 @@ def _half(typingctx, v, h):
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm-tile
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _q0_two(A, ao, b, s, d):
+def _q0_two(ta, A, ao, b, s, d):
     """The block of A at ao times two columns' blocks b (64 bytes), each column's 8
     lanes times its product of scales: _q0_dot's addend for both columns."""
-    a = vload(A, ao, 32)
+    a = q0_codes(ta, A, ao)
     return vfloat(_mul_sum_i8_pairs64(vcat(a, a), b)) * (s * d)
 
 
@@ -416,30 +469,29 @@ def _put4(C, o, c0, c1, c2, c3, h):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def q0_tile_zmm(A, lda, B, ldb, C, ldc, k, ii, jj, rn, dA4, dB):
+def q0_tile_zmm(ta, A, lda, B, ldb, C, ldc, k, ii, jj, rn, dA4, dB):
     """The 4 x rn tile (rn = 3 or 4; a 4 x 3 tile computes its last column twice) with
     two columns per zmm register. dA4: the 4 rows' scales side by side, block by block;
     dB: q0_row_scales of B."""
     j1, j2, j3 = jj + 1, jj + 2, jj + rn - 1
     z = vzero(np.float32, 16)
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = z
-    a0, a1 = lda * ii + 2, lda * (ii + 1) + 2
-    a2, a3 = lda * (ii + 2) + 2, lda * (ii + 3) + 2
+    a0, a1, a2, a3 = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
     for l in range(k):
-        o = Q8_0_BYTES * l
-        b01 = vcat(vload(B, ldb * jj + o + 2, 32), vload(B, ldb * j1 + o + 2, 32))
-        b23 = vcat(vload(B, ldb * j2 + o + 2, 32), vload(B, ldb * j3 + o + 2, 32))
+        o, q = q0_bytes(ta) * l, Q8_0_BYTES * l
+        b01 = vcat(vload(B, ldb * jj + q + 2, 32), vload(B, ldb * j1 + q + 2, 32))
+        b23 = vcat(vload(B, ldb * j2 + q + 2, 32), vload(B, ldb * j3 + q + 2, 32))
         s01 = _splat2(_f32(dB, jj * k + l), _f32(dB, j1 * k + l))
         s23 = _splat2(_f32(dB, j2 * k + l), _f32(dB, j3 * k + l))
         d = vload_f32(dA4, 4 * l, 4)
-        c00 += _q0_two(A, a0 + o, b01, s01, vget(d, 0))
-        c01 += _q0_two(A, a0 + o, b23, s23, vget(d, 0))
-        c10 += _q0_two(A, a1 + o, b01, s01, vget(d, 1))
-        c11 += _q0_two(A, a1 + o, b23, s23, vget(d, 1))
-        c20 += _q0_two(A, a2 + o, b01, s01, vget(d, 2))
-        c21 += _q0_two(A, a2 + o, b23, s23, vget(d, 2))
-        c30 += _q0_two(A, a3 + o, b01, s01, vget(d, 3))
-        c31 += _q0_two(A, a3 + o, b23, s23, vget(d, 3))
+        c00 += _q0_two(ta, A, a0 + o, b01, s01, vget(d, 0))
+        c01 += _q0_two(ta, A, a0 + o, b23, s23, vget(d, 0))
+        c10 += _q0_two(ta, A, a1 + o, b01, s01, vget(d, 1))
+        c11 += _q0_two(ta, A, a1 + o, b23, s23, vget(d, 1))
+        c20 += _q0_two(ta, A, a2 + o, b01, s01, vget(d, 2))
+        c21 += _q0_two(ta, A, a2 + o, b23, s23, vget(d, 2))
+        c30 += _q0_two(ta, A, a3 + o, b01, s01, vget(d, 3))
+        c31 += _q0_two(ta, A, a3 + o, b23, s23, vget(d, 3))
     _put4(C, ldc * jj + ii, c00, c10, c20, c30, 0)
     _put4(C, ldc * j1 + ii, c00, c10, c20, c30, 1)
     _put4(C, ldc * j2 + ii, c01, c11, c21, c31, 0)
@@ -461,12 +513,14 @@ if _ZMM:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
+def gemm_q0(ta, A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
     """tinyBLAS_Q0_AVX::matmul(m, n) for thread ith of nth (lda, ldb in bytes): mnpack
     takes the widest tile that fits what is left, gives each thread an equal run of
     those tiles (no counter, no barrier), then packs the rows and the columns left over
     the same way. ggml recurses; here a stack of regions, popped in ggml's order. B's
-    scales are read once, a 4 x 2 tile's products of scales once per tile."""
+    scales are read once, a 4 x 2 tile's products of scales once per tile. ta: the
+    weight's type, compiled for as a constant (numba's literally)."""
+    literally(ta)
     dB = q0_row_scales(B, ldb, n, k)
     dA4, P = np.empty(4 * k, np.float32), np.empty(8 * k, np.float32)
     rows = -1                                   # the rows whose scales dA4 holds
@@ -486,14 +540,14 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
             if _ZMM and mc == 4 and nc >= 3:
                 if ii != rows:
                     for i in range(4 * k):
-                        dA4[i] = V.fp16_at(A, lda * (ii + i % 4) + Q8_0_BYTES * (i // 4))
+                        dA4[i] = V.fp16_at(A, lda * (ii + i % 4) + q0_bytes(ta) * (i // 4))
                     rows = ii
-                q0_tile_zmm(A, lda, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
+                q0_tile_zmm(ta, A, lda, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
                 continue
             if mc == 4 and nc <= 2:
-                q0_scale_products(A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1, k, P)
+                q0_scale_products(ta, A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1, k, P)
                 rows = ii
-            q0_tile(A, lda, B, ldb, C, ldc, k, ii, jj, mc, nc, P)
+            q0_tile(ta, A, lda, B, ldb, C, ldc, k, ii, jj, mc, nc, P)
         mp, np_ = m0 + ytiles * mc, n0 + xtiles * nc
         # what is left, two regions: the second pushed (rows mp..m1) is popped first
         stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = m0, m1, np_, n1
@@ -503,17 +557,18 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gemm_q0_planes(A, B, C, ld, m, n, k, ith, nth):
-    """gemm_planes for Q8_0 x Q8_0: ggml's llamafile_sgemm call for every plane (i12,
+def gemm_q0_planes(ta, A, B, C, ld, m, n, k, ith, nth):
+    """gemm_planes for Q8_0, Q4_0 or Q5_0 (ta) x Q8_0: ggml's llamafile_sgemm call for every plane (i12,
     i13), on flat A, B (bytes) and C, ld as for gemm_planes (A's and B's strides in
     bytes)."""
+    literally(ta)
     lda, ldb, ldc, r2, r3, ne12 = ld[0], ld[3], ld[6], ld[9], ld[10], ld[11]
     for p in range(ne12 * ld[12]):
         i12, i13 = p % ne12, p // ne12
         a = A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:]
         b = B[i12 * ld[4] + i13 * ld[5]:]
         c = C[i12 * ld[7] + i13 * ld[8]:]
-        gemm_q0(a, lda, b, ldb, c, ldc, k, m, n, ith, nth)
+        gemm_q0(ta, a, lda, b, ldb, c, ldc, k, m, n, ith, nth)
 
 # %% book/06_cpu_compute.ipynb #304eee36
 def _flat(x):
@@ -533,17 +588,17 @@ def _ld(x):
 def mul_mat_sgemm(node, a, b, d, wdata, nth):
     """ggml_compute_forward_mul_mat's two tries of llamafile_sgemm (chapter 05),
     decided before any thread runs (they depend on types, shapes and nth only): first
-    on src1 as it is when it is contiguous, then, for an F16 or Q8_0 weight, on src1
-    converted to its vec_dot_type in wdata. None when both decline (the chunk loop
-    computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for gemm_planes
-    (rn 0: Q8_0, for gemm_q0_planes; k in blocks, strides in bytes); convert:
-    first."""
+    on src1 as it is when it is contiguous, then, for an F16, Q8_0, Q4_0 or Q5_0 weight,
+    on src1 converted to its vec_dot_type in wdata. None when both decline (the chunk
+    loop computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for gemm_planes
+    (rn 0: a quantized weight, for gemm_q0_planes; k in blocks, strides in bytes);
+    convert: first."""
     t, tb = node.src[0].type, node.src[1].type
-    if (t not in (Type.F32, Type.F16, Type.Q8_0) or d.strides[3] != 4
+    if (t not in (Type.F32, Type.F16, *Q0_TYPES) or d.strides[3] != 4
             or a.strides[3] != a.itemsize):
         return None
     (ne03, ne02, ne01, ne00), (ne13, ne12, ne11, ne10) = a.shape, b.shape
-    q8 = t == Type.Q8_0
+    q8 = t in Q0_TYPES                     # Q8_0 activations
     m, n, k, conv = ne01, ne11, ne10 // 32 if q8 else ne00, False
     plan = llamafile_sgemm_plan(m, n, k, nth, t, tb) if b.flags.c_contiguous else None
     vdt = Type.Q8_0 if q8 else Type.F16

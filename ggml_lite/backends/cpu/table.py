@@ -186,8 +186,8 @@ def _prepare_mul_mat(node, p):
 
     def chunks(ith, nth):
         sg = sgemm(nth)
-        if sg is not None and sg[-2] == 0:          # Q8_0 x Q8_0: tinyBLAS_Q0's tiles
-            S.gemm_q0_planes(*sg[1:8], ith, nth)
+        if sg is not None and sg[-2] == 0:          # a quantized weight: tinyBLAS_Q0
+            S.gemm_q0_planes(int(t), *sg[1:8], ith, nth)
         elif sg is not None:
             S.gemm_planes(*sg[1:], counter, ith, nth)
         else:

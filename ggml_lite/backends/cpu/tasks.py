@@ -17,7 +17,7 @@ from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.atomics import atomic_store
 from ggml_lite.backends.cpu.program import (
     ARG, CALL_PYTHON, CURRENT_CHUNK, FN, KIND, N_FPARAMS, ROW_SIZE, ST_F32, ST_I64,
-    ST_U8, ST_U16, STATE_SIZE, STRIDED, TASK_BINARY, TASK_COPY, TASK_DUP, TASK_EXTRA,
+    ST_U16, STATE_SIZE, STRIDED, TASK_BINARY, TASK_COPY, TASK_DUP, TASK_EXTRA,
     TASK_GET_ROWS, TASK_GLU, TASK_MUL_MAT_F16, TASK_MUL_MAT_F32, TASK_MUL_MAT_Q,
     TASK_MUL_MAT_SRC1, TASK_NORM, TASK_PYTHON, TASK_RMS_NORM, TASK_ROPE, TASK_SCALE,
     TASK_SET_ROWS, TASK_SGEMM, TASK_SOFT_MAX, make_view)
@@ -65,7 +65,7 @@ def _set_rows_task_impl(td, prog, k, ith, nth):
 
 # %% book/92_making_python_fast.ipynb #native-run-elementwise
 # a slot's elements for a storage known when compiling (the ST_ codes of the row)
-_ST_DTYPE = {ST_F32: np.float32, ST_U16: np.uint16, ST_U8: np.uint8}
+_ST_DTYPE = {ST_F32: np.float32, ST_U16: np.uint16}
 
 
 def _rope_task(st, prog, fp, k, ith, nth):
@@ -157,26 +157,27 @@ def _mul_mat_f_task_impl(s, dt, prog, k, state, owner, ith, nth):
     return task
 
 
-def _sgemm_task(st, prog, k, state, ith, nth):
-    """llamafile's tinyBLAS (05) on F32 (st ST_F32) or F16 bits (ST_U16) on both sides,
-    or its Q8_0 tiles (ST_U8). Slots: flat C, A, B and the int64 strides of the planes;
-    ARG: m, n, k (Q8_0: in blocks), rn, bm, storage."""
+def _sgemm_task(ta, prog, k, state, ith, nth):
+    """llamafile's tinyBLAS (05) for a weight of type ta: F32, F16 (bits on both sides),
+    or Q8_0, Q4_0, Q5_0 against Q8_0 rows (tinyBLAS_Q0). Slots: flat C, A, B and the
+    int64 strides of the planes; ARG: m, n, k (quantized: in blocks), rn, bm, ta."""
 
 
 @overload(_sgemm_task, prefer_literal=True)
-def _sgemm_task_impl(st, prog, k, state, ith, nth):
-    dt = _ST_DTYPE[st.literal_value]
-    if dt is np.uint8:
-        def task_q0(st, prog, k, state, ith, nth):   # no counter: tinyBLAS_Q0 shares
-            a = ARG                                   # its tiles out evenly
-            S.gemm_q0_planes(_array(prog, k, 1, dt)[0, 0, 0],
-                             _array(prog, k, 2, dt)[0, 0, 0],
+def _sgemm_task_impl(ta, prog, k, state, ith, nth):
+    t = Type(ta.literal_value)
+    if t in S.Q0_TYPES:
+        def task_q0(ta, prog, k, state, ith, nth):   # no counter: tinyBLAS_Q0 shares
+            a, u8 = ARG, np.uint8                     # its tiles out evenly
+            S.gemm_q0_planes(ta, _array(prog, k, 1, u8)[0, 0, 0],
+                             _array(prog, k, 2, u8)[0, 0, 0],
                              _array(prog, k, 0, np.float32)[0, 0, 0],
                              _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a],
                              prog[k, a + 1], prog[k, a + 2], ith, nth)
         return task_q0
+    dt = np.float32 if t == Type.F32 else np.uint16
 
-    def task(st, prog, k, state, ith, nth):
+    def task(ta, prog, k, state, ith, nth):
         a, c = ARG, state[CURRENT_CHUNK:CURRENT_CHUNK + 1]
         S.gemm_planes(_array(prog, k, 1, dt)[0, 0, 0], _array(prog, k, 2, dt)[0, 0, 0],
                       _array(prog, k, 0, np.float32)[0, 0, 0],
@@ -272,7 +273,7 @@ def _mul_mat_f16(kind, key, prog, fp, state, owner, k, ith, nth):
 
 
 def _sgemm(kind, key, prog, fp, state, owner, k, ith, nth):
-    """llamafile's tinyBLAS (05): F32, F16 bits on both sides, or Q8_0 (key)."""
+    """llamafile's tinyBLAS (05) for a weight of type key."""
     _sgemm_task(key, prog, k, state, ith, nth)
     return 0
 
@@ -411,7 +412,7 @@ def with_task_functions(prog):
     return prog
 
 # %% book/92_making_python_fast.ipynb #task-table-names
-_ST_NAMES = {ST_F32: "F32", ST_U16: "F16", ST_U8: "Q8_0"}
+_ST_NAMES = {ST_F32: "F32", ST_U16: "F16"}
 
 
 def _task_name(key):
@@ -420,7 +421,7 @@ def _task_name(key):
     from ggml_lite.types import Type
     kind, v = key
     name = _KIND_NAMES[kind]
-    if KEYED_KINDS.get(kind) == ARG:
+    if KEYED_KINDS.get(kind) == ARG or kind == TASK_SGEMM:
         return name + " " + (Type(v).name if v >= 0 else "-")
     if kind == TASK_DUP:
         return f"{name} {_ST_NAMES[v >> 1]}->{_ST_NAMES[v & 1]}"
