@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q8_1", "Q4_K", "Q6_K", "Q8_K"]
+TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
+         "Q5_K", "Q6_K", "Q8_K"]
 
 
 def best_ms(f, reps):
@@ -74,7 +75,8 @@ import numpy as np
 import ggml
 n, reps = int(sys.argv[1]), int(sys.argv[2])
 x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-ids = {"F16": 1, "BF16": 30, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q8_1": 9, "Q4_K": 12, "Q6_K": 14, "Q8_K": 15}
+ids = {"F16": 1, "BF16": 30, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
+       "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15}
 def best(f):
     f(); b = 1e9
     for _ in range(reps):
