@@ -377,21 +377,21 @@ def _splat2(typingctx, x, y):
         for k in (0, 1):
             f = context.cast(builder, args[k], sig.args[k], types.float32)
             v = builder.insert_element(v, f, ir.IntType(32)(8 * k))
-        mask = [0] * 8 + [8] * 8
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32),
-                                                                       16), mask))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 8 + [8] * 8)
+        return builder.shuffle_vector(v, v, mask)
     return Vec(types.float32, 16)(x, y), codegen
 
 
 @intrinsic
 def _half(typingctx, v, h):
     """Lanes 8h..8h+7 of a 16-lane v, h a constant."""
-    if not (isinstance(v, Vec) and v.count == 16 and isinstance(h, types.IntegerLiteral)):
+    if not (isinstance(v, Vec) and v.count == 16
+            and isinstance(h, types.IntegerLiteral)):
         return None
-    k = h.literal_value
+    lanes = list(range(8 * h.literal_value, 8 * h.literal_value + 8))
 
     def codegen(context, builder, sig, args):
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(8 * k, 8 * k + 8)))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), 8), lanes)
         return builder.shuffle_vector(args[0], args[0], mask)
     return Vec(v.dtype, 8)(v, h), codegen
 
@@ -407,6 +407,13 @@ def _q0_two(A, ao, b, s, d):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _f32(x, i):
     return vget(vload_f32(x, i, 1), 0)     # x[i], without the check of i's sign
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def q0_rows_scales4(A, lda, ii, k, dA4):
+    """The scales of A's rows ii..ii+3 side by side, block by block, into dA4."""
+    for i in range(4 * k):
+        dA4[i] = V.fp16_at(A, lda * (ii + i % 4) + Q8_0_BYTES * (i // 4))
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -483,11 +490,10 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         duty = (ytiles * xtiles + nth - 1) // nth
         for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
             ii, jj = m0 + job // xtiles * mc, n0 + job % xtiles * nc
-            if _ZMM and mc == 4 and nc >= 3:
+            if _ZMM and mc == 4 and nc >= 3:      # (the 4 x 3 and 4 x 4 tiles)
                 if ii != rows:
-                    for i in range(4 * k):
-                        dA4[i] = V.fp16_at(A, lda * (ii + i % 4) + Q8_0_BYTES * (i // 4))
-                    rows = ii
+                    q0_rows_scales4(A, lda, ii, k, dA4)
+                rows = ii
                 q0_tile_zmm(A, lda, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
                 continue
             if mc == 4 and nc <= 2:
@@ -501,7 +507,7 @@ def gemm_q0(A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         stack[top + 1, 2], stack[top + 1, 3] = n0, np_
         top += 2
 
-
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-planes
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm_q0_planes(A, B, C, ld, m, n, k, ith, nth):
     """gemm_planes for Q8_0 x Q8_0: ggml's llamafile_sgemm call for every plane (i12,
