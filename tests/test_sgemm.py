@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ggml_lite.backends.cpu import sgemm as S
+from ggml_lite.backends.cpu import sgemm_q0 as SQ
 from ggml_lite.backends.cpu.vec import forward_mul_mat
 from ggml_lite.types import Type
 
@@ -260,3 +261,44 @@ def test_q4_0_and_q5_0_weights_take_tinyblas_q0(wtype, python_loop):
         assert (P.TASK_SGEMM, int(t)) in keys[True] and (P.TASK_SGEMM, int(t)) not in keys[False]
     assert S.llamafile_sgemm_plan(37, 7, 3, 2, t, Type.Q8_0) == (0, 0)
     assert S.llamafile_sgemm_plan(37, 7, 3, 2, Type.Q4_1, Type.Q8_1) is None     # not in ggml
+
+
+@pytest.mark.parametrize("rn", [3, 4])
+def test_q8_0_zmm_tiles_are_the_dot_products_bits(rn):
+    """The 4 x 4 and 4 x 3 tiles with two columns per 512-bit register (taken with AVX512-VNNI;
+    elsewhere the same lanes in plain IR) against the chunk loop's dot products, bit for bit."""
+    from numba import njit
+    rng = np.random.default_rng(40 + rn)
+    a, b = _operands(rng, 4, rn, 96)
+    from ggml_lite.backends.cpu.quants import quantize_row_q8_0
+    k, lda = 3, 3 * SQ.Q8_0_BYTES
+    w, x = _q8_0(a), np.empty(rn * lda, np.uint8)
+    quantize_row_q8_0(b.reshape(-1), x)              # as the chunk loop converts src1
+    dA4 = np.array([SQ.q0_row_scales(w.reshape(-1), lda, 4, k)[i * k + l] for l in range(k) for i in range(4)],
+                   np.float32)
+    c = np.full(rn * 4, np.nan, np.float32)
+
+    @njit
+    def tile(A, B, C, dA4, dB):                      # the weight's type, Q8_0, a constant
+        SQ.q0_tile_zmm(8, A, lda, B, lda, C, 4, k, 0, 0, rn, dA4, dB)
+
+    tile(w.reshape(-1), x, c, dA4, SQ.q0_row_scales(x, lda, rn, k))
+    plain = np.full((1, 1, rn, 4), np.nan, np.float32)
+    forward_mul_mat(Type.Q8_0, w, b, plain)
+    assert np.array_equal(c.reshape(rn, 4), plain[0, 0])
+
+
+@pytest.mark.skipif(not SQ.AVX512_VNNI, reason="the CPU variant has no AVX512-VNNI: the Q8_0 tiles "
+                    "stay AVX2's 4 x 2, on 256-bit registers")
+def test_q8_0_zmm_tiles_taken_and_512_bit():
+    from numba import njit
+
+    @njit
+    def dot64(a, b):
+        return SQ.vget(SQ._mul_sum_i8_pairs64(SQ.vload(a, 0, 64), SQ.vload(b, 0, 64)), 0)
+
+    x = np.arange(64, dtype=np.uint8)
+    assert dot64(x, x) == sum(int(np.int8(v)) ** 2 for v in x[:4])
+    asm = next(iter(dot64.inspect_asm().values()))
+    assert "vpdpbusd" in asm and "zmm" in asm
+    assert SQ._ZMM and tuple(SQ._MNPACK[3, 3]) == (4, 4)

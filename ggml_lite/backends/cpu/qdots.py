@@ -143,7 +143,7 @@ def vec_dot_q6_K_q8_K(n, x, y):
 
 # %% book/05_cpu_kernels.ipynb #qdots-bits
 @intrinsic
-def _bits32(typingctx, b, o):
+def bytes_from_bits_32(typingctx, b, o):
     """The 32 bits of the uint32 stored at bytes b[o:o+4] as Vec(uint8 x 32), byte j
     0xFF where bit j is set, 0 where it is clear: ggml's bytes_from_bits_32. LLVM reads
     the word as 32 one-bit lanes and sign-extends each to a byte; on AVX2 that is
@@ -171,7 +171,7 @@ def vec_dot_q5_0_q8_0(n, x, y):
     for ib in range(n // 32):
         xo, yo = ib * 22, ib * 34
         q = vload(x, xo + 6, 16)
-        qx = vcat(q & 15, q >> 4) | (_bits32(x, xo + 2) & 16)
+        qx = vcat(q & 15, q >> 4) | (bytes_from_bits_32(x, xo + 2) & 16)
         qy = vi8(vload(y, yo + 2, 32))
         sumi = vdot4(qx, qy) - vdot4(sixteen, qy)
         acc += vfloat(sumi) * (fp16_at(x, xo) * fp16_at(y, yo))
@@ -188,7 +188,7 @@ def vec_dot_q5_1_q8_1(n, x, y):
         xo, yo = ib * 24, ib * 36
         summs += fp16_at(x, xo + 2) * fp16_at(y, yo + 2)
         q = vload(x, xo + 8, 16)
-        qx = vcat(q & 15, q >> 4) | (_bits32(x, xo + 4) & 16)
+        qx = vcat(q & 15, q >> 4) | (bytes_from_bits_32(x, xo + 4) & 16)
         sumi = vdot4(qx, vi8(vload(y, yo + 4, 32)))
         acc += vfloat(sumi) * (fp16_at(x, xo) * fp16_at(y, yo))
     return vsum(acc) + summs

@@ -57,8 +57,9 @@ def _block_sums(y, rs, nb, j0, j1):
     j0, nb]."""
     s, ones = np.empty((j1 - j0, nb), np.int32), vzero(np.uint8, 32) + 1
     for j in range(j0, j1):
-        for b in range(nb):         # the 32 int8 times 1 in fours (one vpdpbusd), summed
-            s[j - j0, b] = vsum(vdot4(ones, vi8(vload(y, j * rs + b * 34 + 2, 32))))
+        for b in range(nb):     # the 32 int8 times 1 in fours (one vpdpbusd), summed
+            q = vi8(vload(y, j * rs + b * 34 + 2, 32))
+            s[j - j0, b] = vsum(vdot4(ones, q))
     return s
 
 

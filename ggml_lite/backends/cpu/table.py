@@ -163,6 +163,7 @@ def _prepare_concat(node, p):
 
 # %% book/06_cpu_compute.ipynb #840aed45
 from ggml_lite.backends.cpu import sgemm as S
+from ggml_lite.backends.cpu import sgemm_q0 as SQ
 from ggml_lite.backends.cpu.sgemm import mul_mat_sgemm
 
 
@@ -187,7 +188,7 @@ def _prepare_mul_mat(node, p):
     def chunks(ith, nth):
         sg = sgemm(nth)
         if sg is not None and sg[-2] == 0:          # a quantized weight: tinyBLAS_Q0
-            S.gemm_q0_planes(int(t), *sg[1:8], ith, nth)
+            SQ.gemm_q0_planes(int(t), *sg[1:8], ith, nth)
         elif sg is not None:
             S.gemm_planes(*sg[1:], counter, ith, nth)
         else:

@@ -12,6 +12,7 @@ from ggml_lite.backends.cpu import binary_ops as B
 from ggml_lite.backends.cpu import cpy as C
 from ggml_lite.backends.cpu import ops as K
 from ggml_lite.backends.cpu import sgemm as S
+from ggml_lite.backends.cpu import sgemm_q0 as SQ
 from ggml_lite.backends.cpu import unary_ops as U
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.atomics import atomic_store
@@ -166,10 +167,10 @@ def _sgemm_task(ta, prog, k, state, ith, nth):
 @overload(_sgemm_task, prefer_literal=True)
 def _sgemm_task_impl(ta, prog, k, state, ith, nth):
     t = Type(ta.literal_value)
-    if t in S.Q0_TYPES:
+    if t in SQ.Q0_TYPES:
         def task_q0(ta, prog, k, state, ith, nth):   # no counter: tinyBLAS_Q0 shares
             a, u8 = ARG, np.uint8                     # its tiles out evenly
-            S.gemm_q0_planes(ta, _array(prog, k, 1, u8)[0, 0, 0],
+            SQ.gemm_q0_planes(ta, _array(prog, k, 1, u8)[0, 0, 0],
                              _array(prog, k, 2, u8)[0, 0, 0],
                              _array(prog, k, 0, np.float32)[0, 0, 0],
                              _array(prog, k, 3, np.int64)[0, 0, 0], prog[k, a],
