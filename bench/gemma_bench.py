@@ -17,33 +17,16 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_bench import N_DECODE, measure_lite, measure_peer, rates  # noqa: E402
+from llama_bench import N_DECODE, cpu_flags, measure_lite, measure_peer, peer_info, rates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROMPT = 64
 PROMPT_TEXT = ("The quick brown fox jumps over the lazy dog while the llama reads a book about tensors, "
                "graphs, backends and the allocator that plans memory once and reuses it for every token.")
-
-
-def cpu_flags():
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return []
-    return [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512vbmi", "amx_int8") if f in flags]
-
-
-def peer_info(python):
-    out = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__); "
-                          "print(llama_cpp.llama_print_system_info().decode().strip())"],
-                         capture_output=True, text=True, check=True)
-    version, info = out.stdout.strip().split("\n", 1)
-    return {"llama_cpp_python": version, "system_info": info}
 
 
 def main():

@@ -124,6 +124,24 @@ def measure_lite(path, threads, repeat, prompt):
             "build_graph_ms": 1e3 * build}
 
 
+def cpu_flags():
+    """The x86 features that decide which kernels each side runs."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    return [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512vbmi", "amx_int8") if f in flags]
+
+
+def peer_info(python):
+    """llama-cpp-python's version and how its ggml was built (llama_print_system_info)."""
+    out = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__); "
+                          "print(llama_cpp.llama_print_system_info().decode().strip())"],
+                         capture_output=True, text=True, check=True)
+    version, info = out.stdout.strip().split("\n", 1)
+    return {"llama_cpp_python": version, "system_info": info}
+
+
 def measure_peer(python, path, threads, repeat, prompt):
     out = subprocess.run([python, "-c", PEER, str(path), str(threads), str(repeat), json.dumps(prompt), str(N_DECODE)],
                          capture_output=True, text=True, check=True)
@@ -149,7 +167,9 @@ def main():
     prompt += [prompt[-1]] * (N_PROMPT - len(prompt))
     results = {"model": dict(HPARAMS, n_params=n_params(), tied=True), "n_prompt": N_PROMPT, "n_decode": N_DECODE,
                "machine": {"cpu": platform.processor() or platform.machine(), "n_cpus": os.cpu_count(),
-                           "loadavg_before": os.getloadavg()}, "runs": []}
+                           "flags": cpu_flags(), "loadavg_before": os.getloadavg()}, "runs": []}
+    if args.llama_python:
+        results["llama.cpp"] = peer_info(args.llama_python)
     for t, path in paths.items():
         for threads in args.threads:
             raw = measure_lite(path, threads, args.repeat, prompt)
