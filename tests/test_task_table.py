@@ -112,7 +112,7 @@ def test_a_graph_compiles_only_the_task_functions_it_needs(tmp_path):
     # a Q8_0 mat-vec: src1 to Q8_0 and Q8_0's chunk loop, keyed by the type; no other
     # type's quantizer (Q8_K's, of the K-quants), and not the switch over all types
     q8 = int(Type.Q8_0)
-    assert mv["keys"] == [[P.TASK_BINARY, 0], [P.TASK_MUL_MAT_SRC1, q8],
+    assert mv["keys"] == [[P.TASK_BINARY, 0], [P.TASK_MUL_MAT_SRC1, [q8, 0]],
                           [P.TASK_MUL_MAT_Q, q8]]
     assert mv["chunks_q"] == [f"Literal[int]({q8})"]
     assert mv["q8_0"] >= 1 and mv["q8_K"] == 0
@@ -122,7 +122,7 @@ def test_a_graph_compiles_only_the_task_functions_it_needs(tmp_path):
     # src1 to F16 and the rows of a Q8_0 table: keyed by type, and still no switch over all
     # types (a literal whose function cannot be typed would fall back to it silently)
     more = cold["more"]
-    assert [P.TASK_MUL_MAT_SRC1, int(Type.F16)] in more["keys"]
+    assert [P.TASK_MUL_MAT_SRC1, [int(Type.F16), 0]] in more["keys"]
     assert [P.TASK_GET_ROWS, q8] in more["keys"]
     assert (more["any_quantize"], more["any_dequantize"], more["any_from_float"]) == (0, 0, 0)
     assert cold["f16_ok"] and cold["rows_ok"]
@@ -148,7 +148,15 @@ def _row(kind, *args):
 def test_task_keys_and_the_fn_column():
     q4k = int(Type.Q4_K)
     assert T.task_key(_row(P.TASK_MUL_MAT_Q, q4k, 256)) == (P.TASK_MUL_MAT_Q, q4k)
-    assert T.task_key(_row(P.TASK_MUL_MAT_SRC1, -1)) == (P.TASK_MUL_MAT_SRC1, -1)
+    assert T.task_key(_row(P.TASK_MUL_MAT_SRC1, -1)) == (P.TASK_MUL_MAT_SRC1, (-1, 0))
+    src1 = _row(P.TASK_MUL_MAT_SRC1, int(Type.F16))
+    src1[P.STRIDED] = 6                     # src0 and src1 strided: only src1's bit counts
+    assert T.task_key(src1) == (P.TASK_MUL_MAT_SRC1, (int(Type.F16), 4))
+    add = _row(P.TASK_BINARY, 0)
+    add[P.STRIDED] = 6
+    assert T.task_key(add) == (P.TASK_BINARY, 1)          # strided views or contiguous
+    assert T.task_key(_row(P.TASK_SET_ROWS, int(Type.F16), 1, P.ST_I64)) == (
+        P.TASK_SET_ROWS, (int(Type.F16), P.ST_I64))
     assert T.task_key(_row(P.TASK_GET_ROWS, int(Type.F16), 1)) == (P.TASK_GET_ROWS,
                                                                     int(Type.F16))
     assert T.task_key(_row(P.TASK_SCALE, 7)) == (P.TASK_SCALE, 0)   # not keyed by type
@@ -174,7 +182,10 @@ def test_storage_and_strides_key_the_float_kinds():
              (P.TASK_MUL_MAT_F16, 6): "mul_mat_f16 src0 strided src1 strided",
              (P.TASK_MUL_MAT_F32, 0): "mul_mat_f32", (P.TASK_ROPE, f32): "rope F32",
              (P.TASK_GET_ROWS, int(Type.Q8_0)): "get_rows Q8_0",
-             (P.TASK_MUL_MAT_SRC1, -1): "mul_mat_src1 -", (P.TASK_SCALE, 0): "scale"}
+             (P.TASK_MUL_MAT_SRC1, (-1, 0)): "mul_mat_src1 -",
+             (P.TASK_MUL_MAT_SRC1, (1, 4)): "mul_mat_src1 F16 strided",
+             (P.TASK_SET_ROWS, (1, P.ST_I64)): "set_rows F16 (I64 rows)",
+             (P.TASK_BINARY, 1): "binary strided", (P.TASK_SCALE, 0): "scale"}
     assert {key: T._task_name(key) for key in names} == names
 
 

@@ -49,24 +49,39 @@ def _get_rows_task_impl(t, prog, k, ith, nth):
     return task
 
 
-def _set_rows_task(td, prog, k, ith, nth):
-    """set_rows into a destination of type td, a constant of the compilation."""
+def _set_rows_task(td, si, prog, k, ith, nth):
+    """set_rows into a destination of type td with indices stored as si (ST_I32 or
+    ST_I64), both constants of the compilation."""
 
 
 @overload(_set_rows_task, prefer_literal=True)
-def _set_rows_task_impl(td, prog, k, ith, nth):
+def _set_rows_task_impl(td, si, prog, k, ith, nth):
     st = _ROW_DTYPE.get(td.literal_value, np.uint8)
+    it = np.int64 if si.literal_value == ST_I64 else np.int32
 
-    def task(td, prog, k, ith, nth):
+    def task(td, si, prog, k, ith, nth):
         b, d = _strided(prog, k, 1, np.float32), _strided(prog, k, 0, st)
-        if prog[k, ARG + 2] == ST_I64:
-            return C.set_rows_kernel(b, _strided(prog, k, 2, np.int64), d, td, ith, nth)
-        return C.set_rows_kernel(b, _strided(prog, k, 2, np.int32), d, td, ith, nth)
+        return C.set_rows_kernel(b, _strided(prog, k, 2, it), d, td, ith, nth)
     return task
 
 # %% book/92_making_python_fast.ipynb #native-run-elementwise
 # a slot's elements for a storage known when compiling (the ST_ codes of the row)
 _ST_DTYPE = {ST_F32: np.float32, ST_U16: np.uint16}
+
+
+def _binary_task(s, prog, k, ith, nth):
+    """add, sub, mul, div of F32: strided views when s (a constant), else contiguous."""
+
+
+@overload(_binary_task, prefer_literal=True)
+def _binary_task_impl(s, prog, k, ith, nth):
+    view = _strided if s.literal_value else _array
+
+    def task(s, prog, k, ith, nth):
+        f32 = np.float32
+        B.binary_kernel(prog[k, ARG], view(prog, k, 1, f32), view(prog, k, 2, f32),
+                        view(prog, k, 0, f32), 0, 0, 0, ith, nth)
+    return task
 
 
 def _rope_task(st, prog, fp, k, ith, nth):
@@ -187,26 +202,27 @@ def _sgemm_task_impl(ta, prog, k, state, ith, nth):
     return task
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _mul_mat_src1_task(vdt, prog, k, ith, nth):
-    a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
-    if prog[k, STRIDED] & 4:                      # slot 2, src1, strided
-        V.mul_mat_src1_kernel(vdt, _strided(prog, k, 2, np.float32), w,
-                              prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
-    else:
-        V.mul_mat_src1_kernel(vdt, _array(prog, k, 2, np.float32), w,
-                              prog[k, a + 1], prog[k, a + 2], prog[k, a + 3], ith, nth)
+def _mul_mat_src1_task(vdt, s, prog, k, ith, nth):
+    """src1 (slot 2) to vdt rows; s: 4 if src1 is strided, else 0 (constants). vdt -1:
+    nothing to convert."""
+
+
+@overload(_mul_mat_src1_task, prefer_literal=True)
+def _mul_mat_src1_task_impl(vdt, s, prog, k, ith, nth):
+    if vdt.literal_value < 0:
+        return lambda vdt, s, prog, k, ith, nth: None
+    view = _strided if s.literal_value & 4 else _array
+
+    def task(vdt, s, prog, k, ith, nth):
+        a, w = ARG, _array(prog, k, 3, np.uint8)[0, 0, 0]
+        V.mul_mat_src1_kernel(vdt, view(prog, k, 2, np.float32), w, prog[k, a + 1],
+                              prog[k, a + 2], prog[k, a + 3], ith, nth)
+    return task
 
 # %% book/92_making_python_fast.ipynb #78bd57b7
 def _binary(kind, key, prog, fp, state, owner, k, ith, nth):
-    a, f32 = ARG, np.float32
-    if prog[k, STRIDED]:
-        B.binary_kernel(prog[k, a], _strided(prog, k, 1, f32),
-                        _strided(prog, k, 2, f32), _strided(prog, k, 0, f32), 0, 0, 0,
-                        ith, nth)
-    else:
-        B.binary_kernel(prog[k, a], _array(prog, k, 1, f32), _array(prog, k, 2, f32),
-                        _array(prog, k, 0, f32), 0, 0, 0, ith, nth)
+    """key 1: any operand strided (all three viewed as strided), 0: none."""
+    _binary_task(key, prog, k, ith, nth)
     return 0
 
 
@@ -236,14 +252,13 @@ def _get_rows(kind, key, prog, fp, state, owner, k, ith, nth):
 
 
 def _set_rows(kind, key, prog, fp, state, owner, k, ith, nth):
-    return CALL_PYTHON if _set_rows_task(key, prog, k, ith, nth) >= 0 else 0
+    return CALL_PYTHON if _set_rows_task(key[0], key[1], prog, k, ith, nth) >= 0 else 0
 
 # %% book/92_making_python_fast.ipynb #15c9ef41
 def _mul_mat_src1(kind, key, prog, fp, state, owner, k, ith, nth):
-    """src1 to the vec_dot_type key (-1: nothing to convert), a share per thread, then
-    the chunk counter set to the thread count."""
-    if key >= 0:
-        _mul_mat_src1_task(key, prog, k, ith, nth)
+    """src1 to the vec_dot_type key[0] (-1: nothing to convert; key[1]: src1 strided),
+    a share per thread, then the chunk counter set to the thread count."""
+    _mul_mat_src1_task(key[0], key[1], prog, k, ith, nth)
     if ith == 0:
         atomic_store(state, CURRENT_CHUNK, nth)
     return 0
@@ -315,10 +330,14 @@ _BODIES = {TASK_BINARY: _binary, TASK_SCALE: _scale, TASK_RMS_NORM: _rms_norm,
            TASK_MUL_MAT_F32: _mul_mat_f32, TASK_MUL_MAT_F16: _mul_mat_f16,
            TASK_SGEMM: _sgemm, TASK_ROPE: _rope, TASK_SOFT_MAX: _soft_max,
            TASK_GLU: _glu, TASK_COPY: _copy, TASK_DUP: _dup}
-# the kinds whose kernel depends on a type, a storage or the strides, and the column
-# of their rows that holds it
-KEYED_KINDS = {TASK_MUL_MAT_SRC1: ARG, TASK_MUL_MAT_Q: ARG, TASK_GET_ROWS: ARG,
-               TASK_SET_ROWS: ARG, TASK_ROPE: ARG + 4, TASK_SOFT_MAX: ARG + 2,
+# the kinds whose kernel depends on a type, a storage or the strides: the column of
+# their rows that holds it, or a function of the row (a key of two values; the
+# strided bits that matter)
+KEYED_KINDS = {TASK_BINARY: lambda row: int(row[STRIDED] != 0),
+               TASK_MUL_MAT_SRC1: lambda row: (int(row[ARG]), int(row[STRIDED]) & 4),
+               TASK_SET_ROWS: lambda row: (int(row[ARG]), int(row[ARG + 2])),
+               TASK_MUL_MAT_Q: ARG, TASK_GET_ROWS: ARG, TASK_ROPE: ARG + 4,
+               TASK_SOFT_MAX: ARG + 2,
                TASK_GLU: ARG + 4, TASK_DUP: ARG + 3, TASK_SGEMM: ARG + 5,
                TASK_MUL_MAT_F32: STRIDED, TASK_MUL_MAT_F16: STRIDED}
 
@@ -366,10 +385,10 @@ _KIND_NAMES = {v: k[5:].lower() for k, v in globals().items()
 
 
 def task_key(row):
-    """A program row's key in the table: (kind, the type its kernel depends on, or
-    0)."""
+    """A program row's key in the table: (kind, what its kernel depends on, or 0)."""
     kind = int(row[KIND])
-    return kind, int(row[KEYED_KINDS[kind]]) if kind in KEYED_KINDS else 0
+    k = KEYED_KINDS.get(kind)
+    return kind, 0 if k is None else k(row) if callable(k) else int(row[k])
 
 
 def _cached(fn):
@@ -422,6 +441,13 @@ def _task_name(key):
     from ggml_lite.types import Type
     kind, v = key
     name = _KIND_NAMES[kind]
+    if kind == TASK_BINARY:
+        return name + (" strided" if v else "")
+    if kind == TASK_MUL_MAT_SRC1:
+        return (name + " " + (Type(v[0]).name if v[0] >= 0 else "-")
+                + (" strided" if v[1] else ""))
+    if kind == TASK_SET_ROWS:
+        return f"{name} {Type(v[0]).name} ({'I64' if v[1] == ST_I64 else 'I32'} rows)"
     if KEYED_KINDS.get(kind) == ARG or kind == TASK_SGEMM:
         return name + " " + (Type(v).name if v >= 0 else "-")
     if kind == TASK_DUP:
