@@ -84,54 +84,51 @@ def _binary_task_impl(s, prog, k, ith, nth):
     return task
 
 
-def _rope_task(st, prog, fp, k, ith, nth):
-    """rope of F32 rows, or of F16 bits: st, a constant of the compilation."""
-
-
-@overload(_rope_task, prefer_literal=True)
-def _rope_task_impl(st, prog, fp, k, ith, nth):
-    dt = _ST_DTYPE[st.literal_value]
-
+def _by_storage(rows):
+    """The task function of rows(dt, prog, fp, k, ith, nth) for a storage st known when
+    compiling, dt the numpy type st names: one compiled copy per storage."""
     def task(st, prog, fp, k, ith, nth):
-        a = ARG
-        pos, ff = (_strided(prog, k, 2, np.int32)[0, 0, 0],
-                   _strided(prog, k, 3, np.float32)[0, 0, 0])
-        K.rope_kernel(_strided(prog, k, 1, dt), pos, ff, _strided(prog, k, 0, dt),
-                      prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k, a + 3],
-                      fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5],
-                      ith, nth)
+        pass
+
+    @overload(task, prefer_literal=True)
+    def task_impl(st, prog, fp, k, ith, nth):
+        dt = _ST_DTYPE[st.literal_value]
+        return lambda st, prog, fp, k, ith, nth: rows(dt, prog, fp, k, ith, nth)
     return task
 
 
-def _soft_max_task(st, prog, fp, k, ith, nth):
-    """soft_max with a mask of F32 or of F16 bits (st)."""
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _rope_rows(dt, prog, fp, k, ith, nth):
+    """rope of F32 rows, or of F16 bits."""
+    a = ARG
+    pos, ff = (_strided(prog, k, 2, np.int32)[0, 0, 0],
+               _strided(prog, k, 3, np.float32)[0, 0, 0])
+    K.rope_kernel(_strided(prog, k, 1, dt), pos, ff, _strided(prog, k, 0, dt),
+                  prog[k, a], prog[k, a + 1] != 0, prog[k, a + 2], prog[k, a + 3],
+                  fp[k, 0], fp[k, 1], fp[k, 2], fp[k, 3], fp[k, 4], fp[k, 5], ith, nth)
 
 
-@overload(_soft_max_task, prefer_literal=True)
-def _soft_max_task_impl(st, prog, fp, k, ith, nth):
-    dt = _ST_DTYPE[st.literal_value]
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _soft_max_rows(dt, prog, fp, k, ith, nth):
+    """soft_max with a mask of F32 or of F16 bits."""
+    K.soft_max_kernel(_strided(prog, k, 1, np.float32), _strided(prog, k, 2, dt),
+                      _strided(prog, k, 0, np.float32), prog[k, ARG],
+                      prog[k, ARG + 1] != 0, fp[k, 0], fp[k, 1], ith, nth)
 
-    def task(st, prog, fp, k, ith, nth):
-        K.soft_max_kernel(_strided(prog, k, 1, np.float32), _strided(prog, k, 2, dt),
-                          _strided(prog, k, 0, np.float32), prog[k, ARG],
-                          prog[k, ARG + 1] != 0, fp[k, 0], fp[k, 1], ith, nth)
-    return task
+
+_rope_task, _soft_max_task = _by_storage(_rope_rows), _by_storage(_soft_max_rows)
 
 # %% book/92_making_python_fast.ipynb #417371a7
-def _glu_task(st, prog, fp, k, ith, nth):
-    """glu of F32 rows or of F16 bits (st)."""
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _glu_rows(dt, prog, fp, k, ith, nth):
+    """glu of F32 rows or of F16 bits."""
+    a = ARG
+    U.glu_kernel(prog[k, a], _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
+                 _strided(prog, k, 0, dt), prog[k, a + 1], prog[k, a + 2],
+                 prog[k, a + 3], fp[k, 0], fp[k, 1], ith, nth)
 
 
-@overload(_glu_task, prefer_literal=True)
-def _glu_task_impl(st, prog, fp, k, ith, nth):
-    dt = _ST_DTYPE[st.literal_value]
-
-    def task(st, prog, fp, k, ith, nth):
-        a = ARG
-        U.glu_kernel(prog[k, a], _strided(prog, k, 1, dt), _strided(prog, k, 2, dt),
-                     _strided(prog, k, 0, dt), prog[k, a + 1], prog[k, a + 2],
-                     prog[k, a + 3], fp[k, 0], fp[k, 1], ith, nth)
-    return task
+_glu_task = _by_storage(_glu_rows)
 
 
 def _dup_task(s, prog, k, ith, nth):
