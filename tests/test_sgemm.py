@@ -176,30 +176,22 @@ def test_q8_0_broadcast_planes():
     assert np.array_equal(d, plain)
 
 
-@pytest.mark.parametrize("python_loop", [False, True])
-def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
-    """A Q8_0 weight against 8 F32 activation rows, src1 broadcast over 2 planes: with llamafile on,
-    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_SGEMM row keyed by Q8_0 in
-    the compiled loop; the Python loop calls the same function), the same bits as with it off."""
+def _on_and_off(t, wq, k, m, x, python_loop):
+    """mul_mat of an m x k weight of type t (its bytes wq) by the F32 x (2 planes), on 2
+    threads, with llamafile off and on: {on: result}, {on: the task keys of the compiled
+    programs}."""
     import ggml_lite as ggml
-    from ggml_lite.backends.cpu import program as P
     from ggml_lite.backends.cpu import tasks as T
-    from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile
     from ggml_lite.backends.cpu.compute import _PREPARED
-    rng = np.random.default_rng(6)
-    w, x = rng.standard_normal((1, 36, 64)).astype(np.float32), rng.standard_normal((2, 8, 64)).astype(np.float32)
-    got, kinds = {}, {}
+    got, keys = {}, {}
     for on in (False, True):
         ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
-        a, b = ggml.new_tensor_3d(ctx, Type.Q8_0, 64, 36, 1), ggml.new_tensor_3d(ctx, Type.F32, 64, 8, 2)
+        a, b = ggml.new_tensor_2d(ctx, t, k, m), ggml.new_tensor_3d(ctx, Type.F32, k, x.shape[1], 2)
         y = ggml.mul_mat(ctx, a, b)
         gf = ggml.new_graph(ctx)
         ggml.build_forward_expand(gf, y)
-        cpu = ggml.backend_cpu_init()
-        ggml.backend_cpu_set_n_threads(cpu, 2)
-        backend_cpu_set_llamafile(cpu, on)
-        buf = ggml.backend_alloc_ctx_tensors(ctx, cpu)
-        ggml.backend_tensor_set(a, _q8_0(w))
+        buf = ggml.backend_alloc_ctx_tensors(ctx, ggml.backend_cpu_init())
+        ggml.backend_tensor_set(a, wq)
         ggml.backend_tensor_set(b, x)
         _PREPARED.clear()
         plan = ggml.graph_plan(gf, 2)
@@ -207,10 +199,22 @@ def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
         plan.work_data = np.zeros(plan.work_size, np.uint8)
         ggml.graph_compute(gf, plan)
         got[on] = ggml.backend_tensor_get(y)
-        kinds[on] = {T.task_key(row) for p in _PREPARED.values() if p.native is not None
-                     for row in p.native.prog}
+        keys[on] = {T.task_key(row) for p in _PREPARED.values() if p.native is not None
+                    for row in p.native.prog}
         ggml.backend_buffer_free(buf)
         ggml.free(ctx)
+    return got, keys
+
+
+@pytest.mark.parametrize("python_loop", [False, True])
+def test_mul_mat_q8_0_takes_the_tiles_with_llamafile_on(python_loop):
+    """A Q8_0 weight against 8 F32 activation rows, src1 broadcast over 2 planes: with llamafile on,
+    src1 is converted to Q8_0 and the product is tinyBLAS_Q0's (a TASK_SGEMM row keyed by Q8_0 in
+    the compiled loop; the Python loop calls the same function), the same bits as with it off."""
+    from ggml_lite.backends.cpu import program as P
+    rng = np.random.default_rng(6)
+    w, x = rng.standard_normal((1, 36, 64)).astype(np.float32), rng.standard_normal((2, 8, 64)).astype(np.float32)
+    got, kinds = _on_and_off(Type.Q8_0, _q8_0(w), 64, 36, x, python_loop)
     assert np.array_equal(got[True], got[False])
     tiles = (P.TASK_SGEMM, int(Type.Q8_0))
     assert tiles in kinds[True] and tiles not in kinds[False], kinds
@@ -225,34 +229,11 @@ def test_q4_0_and_q5_0_weights_take_tinyblas_q0(wtype, python_loop):
     leftovers), 7 activation rows in 2 planes, 2 threads."""
     import ggml_lite as ggml
     from ggml_lite.backends.cpu import program as P
-    from ggml_lite.backends.cpu import tasks as T
-    from ggml_lite.backends.cpu.backend import backend_cpu_set_llamafile
-    from ggml_lite.backends.cpu.compute import _PREPARED
     t = Type[wtype]
     rng = np.random.default_rng(7)
     w = rng.standard_normal((37, 96)).astype(np.float32)
     x = rng.standard_normal((2, 7, 96)).astype(np.float32)
-    got, keys = {}, {}
-    for on in (False, True):
-        ctx = ggml.init(mem_size=8 * ggml.tensor_overhead() + ggml.graph_overhead(), no_alloc=True)
-        a, b = ggml.new_tensor_2d(ctx, t, 96, 37), ggml.new_tensor_3d(ctx, Type.F32, 96, 7, 2)
-        y = ggml.mul_mat(ctx, a, b)
-        gf = ggml.new_graph(ctx)
-        ggml.build_forward_expand(gf, y)
-        cpu = ggml.backend_cpu_init()
-        buf = ggml.backend_alloc_ctx_tensors(ctx, cpu)
-        ggml.backend_tensor_set(a, ggml.quantize_chunk(t, w))
-        ggml.backend_tensor_set(b, x)
-        _PREPARED.clear()
-        plan = ggml.graph_plan(gf, 2)
-        plan.llamafile, plan.python_loop = on, python_loop
-        plan.work_data = np.zeros(plan.work_size, np.uint8)
-        ggml.graph_compute(gf, plan)
-        got[on] = ggml.backend_tensor_get(y)
-        keys[on] = {T.task_key(row) for p in _PREPARED.values() if p.native is not None
-                    for row in p.native.prog}
-        ggml.backend_buffer_free(buf)
-        ggml.free(ctx)
+    got, keys = _on_and_off(t, ggml.quantize_chunk(t, w), 96, 37, x, python_loop)
     assert np.array_equal(got[True], got[False])
     want = x @ ggml.types.dequantize_rows(t, ggml.quantize_chunk(t, w), 96).T
     # (the activations are rounded to Q8_0 on both paths)
