@@ -609,7 +609,10 @@ def test_cli_ctrl_c_prints_the_timings_so_far():
     import os
     import signal
     proc = subprocess.Popen([sys.executable, "-m", "ggml_lite.llama", str(Q8), "--no-progress", "-p", "Once upon",
-                             "-n", "-1", "-c", "8192", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "-n", "-1", "-c", "8192", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            # SIGINT as a terminal leaves it (a shell that starts the tests in the
+                            # background ignores it, and so would the command line)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         got = b""
         while len(got) < len("Once upon"):                      # the prompt is flushed before any compute

@@ -744,8 +744,11 @@ def test_the_command_line_on_a_port_in_use():
 def test_ctrl_c_stops_the_server_cleanly():
     import signal
     import subprocess
+    # SIGINT as a terminal leaves it: a shell that starts the tests in the background
+    # ignores it, and a Python started with it ignored keeps ignoring it
     proc = subprocess.Popen([sys.executable, "-m", "ggml_lite.backends.rpc", "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:
             if "transport" in line:

@@ -532,15 +532,12 @@ def backend_rpc_start_server(endpoint, cache_dir, n_threads, n_devices, devices,
     deadline = None if lifetime is None else time.monotonic() + float(lifetime)
     try:
         while deadline is None or time.monotonic() < deadline:
-            # wake every half second: Python runs a Ctrl-C's handler in the main
-            # thread between bytecodes, and an accept() that waits forever may never
-            # return to it if the OS gave the signal to another thread (a worker)
-            left = 0.5 if deadline is None else max(0.01, deadline - time.monotonic())
-            listener.settimeout(min(left, 0.5))
+            left = None if deadline is None else max(0.01, deadline - time.monotonic())
+            listener.settimeout(left)
             try:
                 sock, _ = listener.accept()
             except socket.timeout:
-                continue
+                break
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             print("Accepted client connection", flush=True)
             why = _serve_client(backends, cache_dir, sock, deadline)
