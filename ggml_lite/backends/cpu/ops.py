@@ -325,7 +325,8 @@ def _rope(a, pos, ff, d, t, has_ff, n_dims, mode, freq_scale, ext_factor, attn_f
         for k in range(n_dims // 2):
             ic = 2 * k if mode == _ROPE_NORMAL else k
             c, s, x0, x1 = cos_k[k], sin_k[k], ld(x[ic], t), ld(x[ic + off], t)
-            # as GCC contracts ggml's x0*cos - x1*sin (and x0*sin + x1*cos) on an FMA CPU
+            # as GCC contracts ggml's x0*cos - x1*sin (and x0*sin + x1*cos) on an
+            # FMA CPU
             y[ic] = st(fmaf(x0, c, -(x1 * s)), t, y)
             y[ic + off] = st(fmaf(x0, s, x1 * c), t, y)
         for i0 in range(n_dims, ne0):                       # the rest passes through

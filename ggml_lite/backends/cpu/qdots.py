@@ -197,8 +197,9 @@ def vec_dot_q5_1_q8_1(n, x, y):
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def q5_K_sums(x, xo, y, yo):
     """The integers of one Q5_K super-block times its Q8_K block: Q4_K's scales and mins
-    (utmp), codes 0..31 from a nibble of qs and bit 2j or 2j+1 of qh; per 64 elements two
-    vmaddubs, each by its sub-block's scale (vdot) into 8 int32 lanes; and one int32, the
+    (utmp), codes 0..31 from a nibble of qs and bit 2j or 2j+1 of qh; per 64 elements
+    two vmaddubs, each by its sub-block's scale (vdot) into 8 int32 lanes; and one
+    int32, the
     8 mins times the 8 sub-blocks' sums of y (bsums added in pairs)."""
     u0, u1, u2 = u32_at(x, xo + 4), u32_at(x, xo + 8), u32_at(x, xo + 12)
     sc_lo = u0 & 0x3F3F3F3F                                  # scales 0..3

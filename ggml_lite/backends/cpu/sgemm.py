@@ -166,12 +166,12 @@ def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
 def llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype=Type.F32):
     """What llamafile_sgemm (ggml src/ggml-cpu/llamafile/sgemm.cpp, x86 with AVX2, FMA
     and F16C) decides for C[n, m] = B[n, k] A[m, k]^T: None when it declines (ggml then
-    falls back to its own kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0, Q4_0 or
-    Q5_0 x Q8_0 (tinyBLAS_Q0, tiled by mnpack; k counts blocks there). It declines a
+    falls back to its own kernels), else tinyBLAS's (rn, bm), or (0, 0) for Q8_0, Q4_0
+    or Q5_0 x Q8_0 (tinyBLAS_Q0, tiled by mnpack; k counts blocks there). It declines a
     single column (n < 2: "only enable sgemm for prompt processing"), any C but F32, A
-    and B of other type pairs than F32 x F32, F16 x F16 and those (ggml also takes BF16 x
-    BF16 and IQ4_NL x Q8_0, no Q4_1: not in ggml_lite), and, for the float types, k not
-    a multiple of the vector width and m not a multiple of 4."""
+    and B of other type pairs than F32 x F32, F16 x F16 and those (ggml also takes
+    BF16 x BF16 and IQ4_NL x Q8_0, no Q4_1: not in ggml_lite), and, for the float types,
+    k not a multiple of the vector width and m not a multiple of 4."""
     if n < 2 or ctype != Type.F32:
         return None
     if atype in Q0_TYPES and btype == Type.Q8_0:
@@ -196,10 +196,10 @@ def llamafile_sgemm(ith, nth, counter, m, n, k, A, lda, B, ldb, C, ldc, atype, b
     """llamafile_sgemm for thread ith of nth: False if it declines (before touching
     anything), else computes this thread's share of C and returns True. A, B: flat
     float32 (F32) or uint16 (F16 bits) arrays of rows lda, ldb elements apart, or uint8
-    (blocks of atype, Q8_0's for B) of rows lda, ldb blocks apart, k blocks long; C flat float32, rows ldc
-    apart; counter: a 1-element int64 array set to nth before any thread starts (ggml:
-    ith 0 sets it behind a barrier, inside gemm; Q8_0's tiles are shared out without
-    it)."""
+    (blocks of atype, Q8_0's for B) of rows lda, ldb blocks apart, k blocks long; C
+    flat float32, rows ldc apart; counter: a 1-element int64 array set to nth before
+    any thread starts (ggml: ith 0 sets it behind a barrier, inside gemm; the quantized
+    tiles are shared out without it)."""
     plan = llamafile_sgemm_plan(m, n, k, nth, atype, btype, ctype)
     if plan is None:
         return False
@@ -216,9 +216,9 @@ def forward_mul_mat_sgemm(src0_type, src0, src1, dst, nth=1):
     played one after another: on src1 as it is, then, if declined and src1 is not of the
     weight's vec_dot_type, on src1 converted to it (F16 for an F16 weight, Q8_0 rows for
     a Q8_0 weight, as the chunk loop would read it). False if both decline (ggml goes on
-    to its chunk loop). src0 (F16 as uint16 bits, Q8_0, Q4_0, Q5_0 as bytes), src1 (float32),
-    dst (float32): contiguous [ne3, ne2, ne1, ne0] arrays; src0 broadcast over planes as
-    in mul_mat."""
+    to its chunk loop). src0 (F16 as uint16 bits, Q8_0, Q4_0, Q5_0 as bytes), src1
+    (float32), dst (float32): contiguous [ne3, ne2, ne1, ne0] arrays; src0 broadcast
+    over planes as in mul_mat."""
     ne03, ne02, ne01, _ = src0.shape
     ne13, ne12, ne11, ne10 = src1.shape
     r2, r3 = ne12 // ne02, ne13 // ne03
@@ -271,9 +271,9 @@ def mul_mat_sgemm(node, a, b, d, wdata, nth):
     decided before any thread runs (they depend on types, shapes and nth only): first
     on src1 as it is when it is contiguous, then, for an F16, Q8_0, Q4_0 or Q5_0 weight,
     on src1 converted to its vec_dot_type in wdata. None when both decline (the chunk
-    loop computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for gemm_planes
-    (rn 0: a quantized weight, for gemm_q0_planes; k in blocks, strides in bytes);
-    convert: first."""
+    loop computes the node), else (convert, A, B, C, ld, m, n, k, rn, bm) for
+    gemm_planes (rn 0: a quantized weight, for gemm_q0_planes; k in blocks, strides in
+    bytes); convert: first."""
     t, tb = node.src[0].type, node.src[1].type
     if (t not in (Type.F32, Type.F16, *Q0_TYPES) or d.strides[3] != 4
             or a.strides[3] != a.itemsize):

@@ -314,7 +314,8 @@ def gemm_q0(ta, A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
                 q0_tile_zmm(ta, A, lda, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
                 continue
             if mc == 4 and nc <= 2:
-                q0_scale_products(ta, A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1, k, P)
+                q0_scale_products(ta, A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1,
+                                  k, P)
                 rows = ii
             q0_tile(ta, A, lda, B, ldb, C, ldc, k, ii, jj, mc, nc, P)
         mp, np_ = m0 + ytiles * mc, n0 + xtiles * nc

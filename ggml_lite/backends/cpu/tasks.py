@@ -141,8 +141,9 @@ def _dup_task_impl(s, prog, k, ith, nth):
     da, dd = (np.uint16 if s.literal_value & bit else np.float32 for bit in (2, 1))
 
     def task(s, prog, k, ith, nth):
-        C.dup_flt_kernel(_strided(prog, k, 1, da), prog[k, ARG], _strided(prog, k, 0, dd),
-                         prog[k, ARG + 1], prog[k, ARG + 2] != 0, ith, nth)
+        C.dup_flt_kernel(_strided(prog, k, 1, da), prog[k, ARG],
+                         _strided(prog, k, 0, dd), prog[k, ARG + 1],
+                         prog[k, ARG + 2] != 0, ith, nth)
     return task
 
 # %% book/92_making_python_fast.ipynb #native-run-mm
