@@ -14,7 +14,7 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.common import cpu_fp32_to_fp16
 from ggml_lite.backends.cpu.common import table_f32_f16 as _F16_TABLE
-from ggml_lite.backends.cpu.qdots import (fp16_at, prefetch_byte, vec_dot_q2_K_q8_K,
+from ggml_lite.backends.cpu.qdots import (fp16_at, prefetch_block, vec_dot_q2_K_q8_K,
                                           vec_dot_q3_K_q8_K, vec_dot_q4_K_q8_K,
                                           vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1,
                                           vec_dot_q5_K_q8_K, vec_dot_q6_K_q8_K)
@@ -94,7 +94,7 @@ def vec_dot_bf16(n, x, y):
 # pass it, with an atomic increment and decrement of the weight buffer's reference
 # count that every thread shares.
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def vec_dot_q4_0_q8_0(n, x, y):
+def vec_dot_q4_0_q8_0(n, x, y, ahead=None):
     """ggml_vec_dot_q4_0_q8_0: x, y the bytes of n/32 block_q4_0 and block_q8_0. Per
     block the 32 codes minus 8 times the 32 int8 of y, summed in fours into 8 int32
     lanes (as codes*y minus 8*y), converted and multiply-added with dx*dy into 8 float32
@@ -102,6 +102,7 @@ def vec_dot_q4_0_q8_0(n, x, y):
     acc, eight = vzero(np.float32, 8), vu8(vzero(np.int8, 32) + 8)
     for ib in range(n // 32):
         xo, yo = ib * 18, ib * 34
+        prefetch_block(ahead, ib, 18)
         # byte j: element j (low nibble), j+16 (high)
         q = vload(x, xo + 2, 16)
         qy = vi8(vload(y, yo + 2, 32))
@@ -111,13 +112,14 @@ def vec_dot_q4_0_q8_0(n, x, y):
 
 # %% book/05_cpu_kernels.ipynb #07afe227
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def vec_dot_q4_1_q8_1(n, x, y):
+def vec_dot_q4_1_q8_1(n, x, y, ahead=None):
     """ggml_vec_dot_q4_1_q8_1: codes 0..15 with an offset m: sum(q4*q8)*dx*dy + m*s,
     where y's s = dy*sum(q8) was stored by the q8_1 quantizer; the m*s of the blocks add
     up in a float."""
     acc, summs = vzero(np.float32, 8), np.float32(0.0)
     for ib in range(n // 32):
         xo, yo = ib * 20, ib * 36
+        prefetch_block(ahead, ib, 20)
         summs += fp16_at(x, xo + 2) * fp16_at(y, yo + 2)
         q = vload(x, xo + 4, 16)
         sumi = vdot4(vcat(q & 15, q >> 4), vi8(vload(y, yo + 4, 32)))
@@ -126,12 +128,13 @@ def vec_dot_q4_1_q8_1(n, x, y):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def vec_dot_q8_0_q8_0(n, x, y):
+def vec_dot_q8_0_q8_0(n, x, y, ahead=None):
     """ggml_vec_dot_q8_0_q8_0: per block the 32 int8 products summed in fours with
     ggml's sign trick (mul_sum_i8_pairs), times dx*dy."""
     acc = vzero(np.float32, 8)
     for ib in range(n // 32):
         o = ib * 34
+        prefetch_block(ahead, ib, 34)
         sumi = mul_sum_i8_pairs(vload(x, o + 2, 32), vload(y, o + 2, 32))
         acc += vfloat(sumi) * (fp16_at(x, o) * fp16_at(y, o))
     return vsum(acc)
@@ -257,16 +260,6 @@ def forward_mul_mat_src1(src0_type, src1, wdata, ith=0, nth=1):
 _PREFETCH_BYTES = 10240
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _prefetch_row(x, r):
-    """Ask for the cache lines of row r of the 2-D weight bytes x (those of the last
-    byte when r is past the end)."""
-    rs = x.strides[0]
-    o, last = r * rs, (x.shape[0] - 1) * rs + x.shape[1] - 1
-    for c in range(0, x.shape[1], 64):
-        prefetch_byte(x, min(o + c, last))
-
-
 # each quantized type's dot with its vec_dot_type
 _Q_DOTS = {_Q4_0: vec_dot_q4_0_q8_0, _Q4_1: vec_dot_q4_1_q8_1, _Q8_0: vec_dot_q8_0_q8_0,
            _Q4_K: vec_dot_q4_K_q8_K, _Q5_0: vec_dot_q5_0_q8_0, _Q5_1: vec_dot_q5_1_q8_1,
@@ -276,8 +269,9 @@ _Q_DOTS = {_Q4_0: vec_dot_q4_0_q8_0, _Q4_1: vec_dot_q4_1_q8_1, _Q8_0: vec_dot_q8
 
 def _vec_dot_rows(t, n, x, r0, r1, y, out):
     """out[r] = the dot of weight row x[r] with y, for r in [r0, r1): a loop around
-    type t's dot, pasted in (a type test and a call per row cost about 10 %). Each row
-    first asks for the row _PREFETCH_BYTES further on (_prefetch_row)."""
+    type t's dot, pasted in (a type test and a call per row cost about 10 %). The dot
+    of row r also asks for the row about _PREFETCH_BYTES further on, block by block
+    (prefetch_block; the last row again at the end)."""
 
 
 @overload(_vec_dot_rows, prefer_literal=True)
@@ -293,10 +287,9 @@ def _vec_dot_rows_impl(t, n, x, r0, r1, y, out):
     dot = _Q_DOTS[t.literal_value]
 
     def rows(t, n, x, r0, r1, y, out):
-        ahead = max(1, _PREFETCH_BYTES // x.strides[0])
+        k, last = max(1, _PREFETCH_BYTES // x.strides[0]), x.shape[0] - 1
         for r in range(r0, r1):
-            _prefetch_row(x, r + ahead)
-            out[r] = dot(n, x[r], y)
+            out[r] = dot(n, x[r], y, x[min(r + k, last)])
     return rows
 
 
