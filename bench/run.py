@@ -240,6 +240,16 @@ def print_table(doc):
               f"(goal {rel} {t['goal']}): {'met' if t['met'] else 'NOT met'}")
 
 
+def _command(argv):
+    """The command line as stored: an interpreter's path (--ggml-python) by its name only,
+    so that no machine's folders land in the results."""
+    out, after_flag = ["bench/run.py"], False
+    for a in argv:
+        out.append(os.path.basename(a) if after_flag or a.startswith("/") else a)
+        after_flag = a == "--ggml-python"
+    return " ".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
@@ -258,7 +268,7 @@ def main():
         return worker(args.worker, threads[0], args.quick)
 
     doc = dict(schema=1, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               command=" ".join(["bench/run.py"] + sys.argv[1:]), quick=args.quick,
+               command=_command(sys.argv[1:]), quick=args.quick,
                machine=machine_info(), versions=versions(), threads=threads, workloads=workloads(),
                env={k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                   "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_CACHE_DIR")},
