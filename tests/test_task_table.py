@@ -190,22 +190,45 @@ def test_storage_and_strides_key_the_float_kinds():
 
 
 def test_stale_cache_is_dropped_under_numba_cache_dir(tmp_path, monkeypatch):
+    """Every cache file of the package goes when any of its sources changes (a caller's
+    machine code holds its callees, from other files), in every folder of the package,
+    and in IPython's numba_cache when the package is imported in a notebook."""
+    import sys
+    import IPython.paths
     from numba.core import config
-    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path / "numba"))
+    ipython = tmp_path / "ipython"
+    monkeypatch.setattr(IPython.paths, "get_ipython_cache_dir", lambda: str(ipython))
+    monkeypatch.setitem(sys.modules, "IPython", sys.modules["IPython"])
     here = Path(P.__file__).resolve().parent
-    cache = P._cache_dir(here)
-    assert cache.parent == tmp_path
-    cache.mkdir(parents=True)
+    cache, top = P._cache_dir(here), P._cache_dir(here.parents[1])
+    assert cache.parent == tmp_path / "numba" and cache != top
     names = ["program.run_task-1.py311.nbi", "tasks.task_cfunc.locals.task-9.py311.1.nbc",
              "threadpool.threadpool_poll-3.py311.nbi", "vec._mm_chunks_q-4.py311.nbi"]
-    for n in names:
-        (cache / n).write_text("x")
+    folders = {cache: names, top: ["half.fp16_to_fp32-42.py311.nbi"],
+               ipython / "numba_cache": ["123456.f-3.py311.nbi", "123456.f-3.py311.1.nbc"]}
+
+    def fill():
+        for folder, files in folders.items():
+            folder.mkdir(parents=True, exist_ok=True)
+            for n in files:
+                (folder / n).write_text("x")
+
+    def left():
+        return {f: sorted(p.name for p in f.iterdir()) for f in folders}
+
+    fill()
     P._drop_stale_cache()                       # no stamp yet: a change
-    assert sorted(p.name for p in cache.iterdir()) == ["program.deps", names[3]]
-    for n in names:
-        (cache / n).write_text("x")
+    assert left() == {f: ["ggml_lite.deps"] for f in folders}
+    fill()
     P._drop_stale_cache()                       # the same sources: nothing dropped
-    assert len(list(cache.iterdir())) == 5
-    (cache / "program.deps").write_text("another digest")
-    P._drop_stale_cache()                       # a source changed
-    assert sorted(p.name for p in cache.iterdir()) == ["program.deps", names[3]]
+    assert left() == {f: sorted(["ggml_lite.deps"] + n) for f, n in folders.items()}
+    (top / "ggml_lite.deps").write_text("another digest")
+    P._drop_stale_cache()                       # a source changed (seen from one folder)
+    assert left()[top] == ["ggml_lite.deps"]
+    assert left()[cache] == sorted(["ggml_lite.deps"] + names)
+    (top / "ggml_lite.deps").write_text("another digest")
+    (cache / "ggml_lite.deps").write_text("another digest")
+    (ipython / "numba_cache" / "ggml_lite.deps").write_text("another digest")
+    P._drop_stale_cache()
+    assert left()[cache] == left()[ipython / "numba_cache"] == ["ggml_lite.deps"]

@@ -252,16 +252,17 @@ def run_task(prog, fp, k, ith, nth, state, owner, slot):
 
 # %% book/92_making_python_fast.ipynb #native-cache
 import hashlib
+import sys
 from pathlib import Path
 
 from numba.core import config
 from numba.core.caching import UserProvidedCacheLocator
 
-import ggml_lite.backends.cpu
+import ggml_lite
 
 
 def _cache_dir(here):
-    """Where numba keeps the cache of this package's CPU modules: under
+    """Where numba keeps the cache of the package's modules in folder `here`: under
     NUMBA_CACHE_DIR when it is set, else in __pycache__ beside them."""
     if config.CACHE_DIR:
         sub = UserProvidedCacheLocator.get_suitable_cache_subpath(str(here / "x.py"))
@@ -269,34 +270,43 @@ def _cache_dir(here):
     return here / "__pycache__"
 
 
+def _cache_dirs(sources):
+    """Every folder where numba keeps compiled functions of this package, and, in a
+    notebook (IPython loaded), the one for functions defined in its cells: IPython's
+    numba_cache (numba's _IPythonCacheLocator), which holds them for every notebook."""
+    dirs = [_cache_dir(d) for d in sorted({p.parent for p in sources})]
+    if "IPython" in sys.modules:
+        from IPython.paths import get_ipython_cache_dir
+        dirs.append(Path(get_ipython_cache_dir()) / "numba_cache")
+    return dirs
+
+
 def _drop_stale_cache():
-    """numba keys a cached function by its own source file only, yet the task
-    functions' machine code contains the kernels they call (and the pool's polling
-    function contains the loop): after a kernel changes, the old copy would run. So the
-    cache files of this module, tasks.py and threadpool.py are dropped whenever the
-    sources they are built from (every module of the CPU backend, and the types' rows)
-    differ from last time."""
-    here = Path(ggml_lite.backends.cpu.__file__).resolve().parent
-    deps = sorted(here.glob("*.py")) + [here.parents[1] / f for f in
-                                        ("types.py", "quants_more.py", "half.py")]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps
-                                     if p.exists())).hexdigest()
-    cache = _cache_dir(here)
-    stamp = cache / "program.deps"
-    try:
-        old = stamp.read_text()
-    except OSError:
-        old = None
-    if old == digest:
-        return
-    try:
-        for m in ("program", "tasks", "threadpool"):
-            for f in cache.glob(f"{m}.*.nb[ic]"):
+    """numba keys a cached function by its own source file only, yet its machine code
+    contains the functions it calls, from other files: after a kernel changes, the old
+    copy would run inside its callers. So every cache folder of the package keeps a
+    digest of all the package's sources (ggml_lite.deps), and its cache files are
+    dropped whenever the sources differ from that digest."""
+    root = Path(ggml_lite.__file__).resolve().parent
+    sources = sorted(root.rglob("*.py"))
+    h = hashlib.sha256()
+    for p in sources:
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    digest = h.hexdigest()
+    for cache in _cache_dirs(sources):
+        stamp = cache / "ggml_lite.deps"
+        try:
+            if stamp.read_text() == digest:
+                continue
+        except OSError:
+            pass
+        try:
+            for f in cache.glob("*.nb[ic]"):
                 f.unlink()
-        cache.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(digest)
-    except OSError:   # not writable: nothing to drop
-        pass
+            cache.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(digest)
+        except OSError:   # not writable: nothing to drop
+            pass
 
 
 _drop_stale_cache()
