@@ -1558,3 +1558,51 @@ def test_tiled_product_is_chosen_as_ggml_chooses():
             os.environ.pop(k, None)
             if v is not None:
                 os.environ[k] = v
+
+
+@pytest.mark.parametrize("t", ["F32", "F16"])
+@pytest.mark.parametrize("shape", [(37, 100, 5), (21, 33, 17), (16, 64, 2), (130, 96, 33)])
+@pytest.mark.parametrize("nth", [1, 2])
+def test_float_mul_mat_grouped_rows_keep_one_row_bits(t, shape, nth):
+    """The float products compute four rows by two columns at once (vec_dot_*_4x2);
+    every result must keep the bits of the one-row, one-column kernel, whatever it was
+    grouped with and however many threads ran."""
+    from numba import njit
+    from ggml_lite.backends.cpu.vec import vec_dot_f16, vec_dot_f32
+    import ggml_lite as ggml
+
+    def one_by_one(dot):
+        @njit
+        def products(n, a, b, o):
+            for j in range(b.shape[0]):
+                for r in range(a.shape[0]):
+                    o[j, r] = dot(n, a[r], b[j])
+        return products
+
+    m, k, n = shape
+    rng = np.random.default_rng(m * k + n)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    ctx = ggml.init(mem_size=16 << 20)
+    try:
+        a = ggml.new_tensor_2d(ctx, ggml.Type[t], k, m)
+        b = ggml.new_tensor_2d(ctx, ggml.Type.F32, k, n)
+        out = ggml.mul_mat(ctx, a, b)
+        gf = ggml.new_graph(ctx)
+        ggml.build_forward_expand(gf, out)
+        an = a.numpy()
+        an[...] = (w if t == "F32" else w.astype(np.float16).view(an.dtype)).reshape(an.shape)
+        b.numpy()[...] = x.reshape(b.numpy().shape)
+        plan = ggml.graph_plan(gf, nth)
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+        ggml.graph_compute(gf, plan)
+        got = out.numpy().reshape(n, m).copy()
+    finally:
+        ggml.free(ctx)
+    want = np.zeros((n, m), np.float32)
+    if t == "F32":
+        one_by_one(vec_dot_f32)(k, w, x, want)
+    else:   # src1 is converted to F16 first (vec_dot_type), as ggml does
+        one_by_one(vec_dot_f16)(k, w.astype(np.float16).view(np.uint16),
+                                x.astype(np.float16).view(np.uint16), want)
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
