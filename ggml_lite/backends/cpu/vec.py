@@ -14,8 +14,7 @@ from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu.common import cpu_fp32_to_fp16
 from ggml_lite.backends.cpu.fdots import (vec_dot_bf16, vec_dot_f16, vec_dot_f16_4rows,
-                                          vec_dot_f16_4x2, vec_dot_f32, vec_dot_f32_4rows,
-                                          vec_dot_f32_4x2)
+                                          vec_dot_f32, vec_dot_f32_4rows, vec_dot_f32_4x2)
 from ggml_lite.backends.cpu.qdots import (fp16_at, prefetch_block, vec_dot_q2_K_q8_K,
                                           vec_dot_q3_K_q8_K, vec_dot_q4_K_q8_K,
                                           vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1,
@@ -302,27 +301,6 @@ def _vec_dot_flt_4rows_impl(t, n, x0, x1, x2, x3, y):
     return impl
 
 
-def _vec_dot_flt_4x2(t, n, x0, x1, x2, x3, ya, yb):
-    """Four rows of the same storage with two columns: the same eight sums as
-    _vec_dot_flt, those with ya first."""
-
-
-@overload(_vec_dot_flt_4x2, inline="always")
-def _vec_dot_flt_4x2_impl(t, n, x0, x1, x2, x3, ya, yb):
-    if isinstance(x0.dtype, types.Float):
-        return lambda t, n, x0, x1, x2, x3, ya, yb: vec_dot_f32_4x2(
-            n, x0, x1, x2, x3, ya, yb)
-
-    def impl(t, n, x0, x1, x2, x3, ya, yb):
-        if t == _F16:
-            return vec_dot_f16_4x2(n, x0, x1, x2, x3, ya, yb)
-        return (vec_dot_bf16(n, x0, ya), vec_dot_bf16(n, x1, ya),
-                vec_dot_bf16(n, x2, ya), vec_dot_bf16(n, x3, ya),
-                vec_dot_bf16(n, x0, yb), vec_dot_bf16(n, x1, yb),
-                vec_dot_bf16(n, x2, yb), vec_dot_bf16(n, x3, yb))
-    return impl
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
 def _mm_rows_f1(t, n, xa, y, out, r0, r1):
     """Rows [r0, r1) of the weights xa times one column y into out: four rows at a
@@ -338,17 +316,34 @@ def _mm_rows_f1(t, n, xa, y, out, r0, r1):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _mm_rows_f2(t, n, xa, ya, yb, oa, ob, r0, r1):
-    """Rows [r0, r1) of the weights xa times two columns ya, yb into oa, ob: four rows
-    at a time (_vec_dot_flt_4x2), the rest one by one."""
+def _mm_rows_f32_2(n, xa, ya, yb, oa, ob, r0, r1):
+    """Rows [r0, r1) of the F32 weights xa times two columns ya, yb into oa, ob: four
+    rows at a time (vec_dot_f32_4x2), the rest one by one."""
     r = r0
     while r + 4 <= r1:
         (oa[r], oa[r + 1], oa[r + 2], oa[r + 3], ob[r], ob[r + 1], ob[r + 2],
-         ob[r + 3]) = _vec_dot_flt_4x2(t, n, xa[r], xa[r + 1], xa[r + 2], xa[r + 3],
-                                       ya, yb)
+         ob[r + 3]) = vec_dot_f32_4x2(n, xa[r], xa[r + 1], xa[r + 2], xa[r + 3], ya, yb)
         r += 4
-    _mm_rows_f1(t, n, xa, ya, oa, r, r1)        # the last rows (fewer than four)
-    _mm_rows_f1(t, n, xa, yb, ob, r, r1)
+    _mm_rows_f1(_F32, n, xa, ya, oa, r, r1)     # the last rows (fewer than four)
+    _mm_rows_f1(_F32, n, xa, yb, ob, r, r1)
+
+
+def _mm_rows_f2(t, n, xa, ya, yb, oa, ob, r0, r1):
+    """Rows [r0, r1) of xa times two columns: F32 weights through the four-by-two
+    tile; F16 and BF16 bits one column after the other (a tile of theirs took seconds
+    more to compile, for a product llama's graphs give to llamafile's tiles)."""
+
+
+@overload(_mm_rows_f2)
+def _mm_rows_f2_impl(t, n, xa, ya, yb, oa, ob, r0, r1):
+    if isinstance(xa.dtype, types.Float):
+        return lambda t, n, xa, ya, yb, oa, ob, r0, r1: _mm_rows_f32_2(
+            n, xa, ya, yb, oa, ob, r0, r1)
+
+    def impl(t, n, xa, ya, yb, oa, ob, r0, r1):
+        _mm_rows_f1(t, n, xa, ya, oa, r0, r1)
+        _mm_rows_f1(t, n, xa, yb, ob, r0, r1)
+    return impl
 
 # %% book/05_cpu_kernels.ipynb #kern-chunk-one
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -370,7 +365,8 @@ def _mm_chunk_q(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e):
 def _mm_chunk_f(t, n, a, b, d, ir0s, ir0e, ir1s, ir1e):
     """The same for float src0 (F32, or F16/BF16 bits) and src1 rows of the same
     storage; two columns of one weight plane at a time where the tile has them
-    (_mm_rows_f2: four rows by two columns), each sum as one row's with one column."""
+    (_mm_rows_f2: four F32 rows by two columns), each sum as one row's with one
+    column."""
     ne13, ne12, ne11 = b.shape[0], b.shape[1], b.shape[2]
     r2, r3 = ne12 // a.shape[1], ne13 // a.shape[0]
     for iir1 in range(ir1s, ir1e, 16):
