@@ -241,8 +241,8 @@ def print_table(doc):
 
 
 def _command(argv):
-    """The command line as stored: an interpreter's path (--ggml-python) by its name only,
-    so that no machine's folders land in the results."""
+    """The command line as stored: the path after --ggml-python, and any absolute path,
+    by its name only, so that no machine's folders land in the results."""
     out, after_flag = ["bench/run.py"], False
     for a in argv:
         out.append(os.path.basename(a) if after_flag or a.startswith("/") else a)

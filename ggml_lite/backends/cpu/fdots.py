@@ -23,7 +23,7 @@ def vec_dot_f32(n, x, y):
     accumulators of 16 lanes, their lanes summed, then the last n % 32 products added
     one by one. Not ggml's order of sums (its AVX2 build has four accumulators of 8, its
     AVX-512 build four of 16): the F32 products are held to a limit, not to bits.
-    vec_dot_f32_4x2 computes eight sums exactly as this does."""
+    vec_dot_f32_4rows and vec_dot_f32_4x2 compute their sums exactly as this does."""
     s0, s1 = vzero(np.float32, 16), vzero(np.float32, 16)
     n32 = n - n % 32
     for i in range(0, n32, 32):
@@ -140,7 +140,7 @@ def vec_dot_f32_4x2(n, x0, x1, x2, x3, ya, yb):
             _f32_tail(n, n32, e0 + e1, x0, yb), _f32_tail(n, n32, f0 + f1, x1, yb),
             _f32_tail(n, n32, g0 + g1, x2, yb), _f32_tail(n, n32, h0 + h1, x3, yb))
 
-# %% book/05_cpu_kernels.ipynb #kern-floatdots-4x2-f16
+# %% book/05_cpu_kernels.ipynb #kern-floatdots-f16-4rows
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def vec_dot_f16_4rows(n, x0, x1, x2, x3, y):
     """vec_dot_f16 of four rows with one y, interleaved (y widened once for four rows,
