@@ -283,3 +283,66 @@ def test_q8_0_zmm_tiles_taken_and_512_bit():
     asm = next(iter(dot64.inspect_asm().values()))
     assert "vpdpbusd" in asm and "zmm" in asm
     assert SQ._ZMM and tuple(SQ._MNPACK[3, 3]) == (4, 4)
+
+
+def _ymm_tiles(t, a, b):
+    """The outputs of one plane as gemm_bloc, the AVX2 build's 4 x 1 tile, makes each: the
+    oracle of gemm_bloc_zmm's bits."""
+    from numba import njit
+
+    @njit
+    def run(A, B, C, m, n, k):
+        for ii in range(0, m, 4):
+            for jj in range(n):
+                S.gemm_bloc(A, k, B, k, C, m, k, ii, jj, 1)
+
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-2]
+    x, y = (a, b) if t == Type.F32 else (a.astype(np.float16).view(np.uint16), b.astype(np.float16).view(np.uint16))
+    c = np.full(n * m, np.nan, np.float32)
+    run(np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1), c, m, n, k)
+    return c.reshape(n, m)
+
+
+@pytest.mark.parametrize("t", [Type.F32, Type.F16])
+@pytest.mark.parametrize("m,n,k", [(16, 2, 8), (48, 7, 40), (20, 13, 24), (256, 64, 64), (64, 64, 256),
+                                   (24, 9, 32), (16, 77, 16)])
+@pytest.mark.parametrize("nth", [1, 2])
+def test_float_tiles_keep_the_avx2_bits(t, m, n, k, nth):
+    """Whatever tile computes them (with AVX-512 gemm_bloc_zmm: 8 x 6 outputs, two per 16-lane
+    register, F16 rows widened per job; elsewhere gemm_bloc), jobs of 4, 8 or 16 rows, columns
+    left over: every output is the AVX2 build's 8-lane sum, bit for bit."""
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a, b = _operands(rng, m, n, k)
+    w = a if t == Type.F32 else a.astype(np.float16).view(np.uint16)
+    d = np.full((1, 1, n, m), np.nan, np.float32)
+    bf = b if t == Type.F32 else b.astype(np.float16).astype(np.float32)
+    assert S.forward_mul_mat_sgemm(t, w, bf, d, nth=nth)
+    assert np.array_equal(d[0, 0], _ymm_tiles(t, a, bf))
+
+
+def test_f16_tiles_keep_bits_across_planes():
+    """Broadcast planes (r2 = 2, r3 = 1): each thread's widened columns belong to one plane's
+    block and are widened again for the next."""
+    rng = np.random.default_rng(17)
+    a, b = _operands(rng, 32, 10, 48, planes=(1, 2), bplanes=(3, 4))
+    w = a.astype(np.float16).view(np.uint16)
+    bf = b.astype(np.float16).astype(np.float32)
+    d = np.full((3, 4, 10, 32), np.nan, np.float32)
+    assert S.forward_mul_mat_sgemm(Type.F16, w, bf, d, nth=2)
+    for i13 in range(3):
+        for i12 in range(4):
+            assert np.array_equal(d[i13, i12], _ymm_tiles(Type.F16, a[0, i12 // 2], bf[i13, i12]))
+
+
+@pytest.mark.skipif(not S.AVX512, reason="the CPU variant has no AVX-512: the float tiles stay AVX2's "
+                    "4 x 3 on 256-bit registers")
+def test_float_zmm_tiles_taken_and_512_bit():
+    from numba import njit
+
+    @njit
+    def tile(a, c):                        # not cached: its machine code can be read
+        S.gemm_bloc_zmm(a, 0, 16, a, 0, 16, c, 0, 8, 16, 8, 6)
+
+    tile(np.zeros(8 * 16, np.float32), np.zeros(6 * 8, np.float32))
+    asm = next(iter(tile.inspect_asm().values()))
+    assert "vbroadcastf64x4" in asm and "vfmadd231ps\t%zmm" in asm

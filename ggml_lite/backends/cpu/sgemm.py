@@ -8,11 +8,11 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.sgemm_q0 import Q0_TYPES, Q8_0_BYTES, gemm_q0
-from ggml_lite.backends.cpu.simd import Vec, vsum, vzero
+from ggml_lite.backends.cpu.simd import AVX512, Vec, vstore_f32, vsum, vzero
 from ggml_lite.types import Type
 
 # lanes of one vector: ggml's AVX2 build (__m256); an AVX512 build uses 16
@@ -94,6 +94,182 @@ def gemm_bloc(A, lda, B, ldb, C, ldc, k, ii, jj, rn):
         o = ldc * j2 + ii
         C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c20), vsum(c21), vsum(c22), vsum(c23)
 
+# %% book/05_cpu_kernels.ipynb #sgemm-zmm-simd
+def _load8(context, builder, aryty, ary, i):
+    """a[i:i+8] as <8 x float>: float32 as they are, fp16 bits widened (vcvtph2ps)."""
+    a = context.make_array(aryty)(context, builder, ary)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, a, [i])
+    if aryty.dtype == types.float32:
+        return builder.load(builder.bitcast(ptr, ir.VectorType(ir.FloatType(), 8)
+                                            .as_pointer()), align=4)
+    h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 8).as_pointer()),
+                     align=2)
+    return builder.fpext(h, ir.VectorType(ir.FloatType(), 8))
+
+
+def _lanes(builder, x, y, lanes):
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), list(lanes))
+    return builder.shuffle_vector(x, y, mask)
+
+
+@intrinsic
+def _vdup8(typingctx, a, i):
+    """a[i:i+8] in both halves of a Vec(float32 x 16) (vbroadcastf64x4)."""
+    if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = _load8(context, builder, sig.args[0], args[0], args[1])
+        return _lanes(builder, v, v, list(range(8)) * 2)
+    return Vec(types.float32, 16)(a, i), codegen
+
+
+@intrinsic
+def _vpair8(typingctx, a, i, j):
+    """a[i:i+8] in lanes 0-7 and a[j:j+8] in lanes 8-15 (a load and a vinsertf64x4)."""
+    if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = _load8(context, builder, sig.args[0], args[0], args[1])
+        y = _load8(context, builder, sig.args[0], args[0], args[2])
+        return _lanes(builder, x, y, range(16))
+    return Vec(types.float32, 16)(a, i, j), codegen
+
+
+@intrinsic
+def _vsum_halves(typingctx, c0, c1, c2, c3):
+    """vsum of each 8-lane half of four Vec(float32 x 16), as Vec(float32 x 8): [c0's
+    lanes 0-7, c1's, c2's, c3's, c0's lanes 8-15, c1's, c2's, c3's]. Each sum is made
+    by vsum's three additions (lanes i + i+4, then i + i+2, then 0 + 1), eight sums
+    side by side: a few shuffles in place of 24."""
+    if not all(isinstance(c, Vec) and c.count == 16 and c.dtype == types.float32
+               for c in (c0, c1, c2, c3)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def four(*starts):               # lanes s..s+3 of each start s
+            return [s + i for s in starts for i in range(4)]
+        # x[0:4] + x[4:8] of each half: the halves of a, b (or c, d) in order
+        lo, hi = four(0, 8, 16, 24), four(4, 12, 20, 28)
+        a, b, c, d = args
+        r01 = builder.fadd(_lanes(builder, a, b, lo), _lanes(builder, a, b, hi))
+        r23 = builder.fadd(_lanes(builder, c, d, lo), _lanes(builder, c, d, hi))
+        # r[0:2] + r[2:4], the eight groups put in the order of the result
+        first = [4 * g + i for g in (0, 2, 4, 6, 1, 3, 5, 7) for i in (0, 1)]
+        s = builder.fadd(_lanes(builder, r01, r23, first),
+                         _lanes(builder, r01, r23, [x + 2 for x in first]))
+        return builder.fadd(_lanes(builder, s, s, range(0, 16, 2)),
+                            _lanes(builder, s, s, range(1, 16, 2)))
+    return Vec(types.float32, 8)(c0, c1, c2, c3), codegen
+
+
+@intrinsic
+def _quarter(typingctx, v, h):
+    """Lanes 4h..4h+3 of a Vec(float32 x 8), h a constant."""
+    if not (isinstance(v, Vec) and v.count == 8
+            and isinstance(h, types.IntegerLiteral)):
+        return None
+    k = 4 * h.literal_value
+
+    def codegen(context, builder, sig, args):
+        return _lanes(builder, args[0], args[0], range(k, k + 4))
+    return Vec(v.dtype, 4)(v, h), codegen
+
+# %% book/05_cpu_kernels.ipynb #sgemm-zmm-bloc
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _store_pair(C, o, ldc, both, c0, c1, c2, c3):
+    """Four rows' sums of two columns: C[o..o+3] from the low halves, C[o+ldc..] from
+    the high ones (unless not both)."""
+    t = _vsum_halves(c0, c1, c2, c3)
+    vstore_f32(C, o, _quarter(t, 0))
+    if both:
+        vstore_f32(C, o + ldc, _quarter(t, 1))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_bloc_zmm(A, ao, lda, B, bo, ldb, C, co, ldc, k, nr, nc):
+    """The outputs of nr = 4 or 8 rows of A (from A[ao], lda apart) by nc <= 6 rows of
+    B (from B[bo]) into C[co + ldc*j + i], with 16-lane registers: each holds the 8
+    lane sums of two columns (B's rows paired, A's rows broadcast to both halves), 24
+    registers of sums where gemm_bloc has 12 of half the width. Each sum is
+    gemm_bloc's: fma by fma over k in 8 lanes, then vsum. A narrower tile repeats its
+    last row or column (computed, not stored)."""
+    # rows 4..7, or row 3 four times over
+    a4, l4 = ao + lda * min(4, nr - 1), lda if nr > 4 else 0
+    e = nc - 1
+    b0, b1, b2 = bo, bo + ldb * min(1, e), bo + ldb * min(2, e)
+    b3, b4, b5 = bo + ldb * min(3, e), bo + ldb * min(4, e), bo + ldb * min(5, e)
+    z = vzero(np.float32, 16)
+    c00 = c01 = c02 = c03 = c04 = c05 = c06 = c07 = z
+    c10 = c11 = c12 = c13 = c14 = c15 = c16 = c17 = z
+    c20 = c21 = c22 = c23 = c24 = c25 = c26 = c27 = z
+    for l in range(0, k, KN):
+        p0, p1 = _vpair8(B, b0 + l, b1 + l), _vpair8(B, b2 + l, b3 + l)
+        p2, a = _vpair8(B, b4 + l, b5 + l), _vdup8(A, ao + l)
+        c00, c10, c20 = _vfma(a, p0, c00), _vfma(a, p1, c10), _vfma(a, p2, c20)
+        a = _vdup8(A, ao + lda + l)
+        c01, c11, c21 = _vfma(a, p0, c01), _vfma(a, p1, c11), _vfma(a, p2, c21)
+        a = _vdup8(A, ao + 2 * lda + l)
+        c02, c12, c22 = _vfma(a, p0, c02), _vfma(a, p1, c12), _vfma(a, p2, c22)
+        a = _vdup8(A, ao + 3 * lda + l)
+        c03, c13, c23 = _vfma(a, p0, c03), _vfma(a, p1, c13), _vfma(a, p2, c23)
+        a = _vdup8(A, a4 + l)
+        c04, c14, c24 = _vfma(a, p0, c04), _vfma(a, p1, c14), _vfma(a, p2, c24)
+        a = _vdup8(A, a4 + l4 + l)
+        c05, c15, c25 = _vfma(a, p0, c05), _vfma(a, p1, c15), _vfma(a, p2, c25)
+        a = _vdup8(A, a4 + 2 * l4 + l)
+        c06, c16, c26 = _vfma(a, p0, c06), _vfma(a, p1, c16), _vfma(a, p2, c26)
+        a = _vdup8(A, a4 + 3 * l4 + l)
+        c07, c17, c27 = _vfma(a, p0, c07), _vfma(a, p1, c17), _vfma(a, p2, c27)
+    _store_pair(C, co, ldc, nc > 1, c00, c01, c02, c03)
+    if nc > 2:
+        _store_pair(C, co + 2 * ldc, ldc, nc > 3, c10, c11, c12, c13)
+    if nc > 4:
+        _store_pair(C, co + 4 * ldc, ldc, nc > 5, c20, c21, c22, c23)
+    if nr > 4:
+        _store_pair(C, co + 4, ldc, nc > 1, c04, c05, c06, c07)
+        if nc > 2:
+            _store_pair(C, co + 2 * ldc + 4, ldc, nc > 3, c14, c15, c16, c17)
+        if nc > 4:
+            _store_pair(C, co + 4 * ldc + 4, ldc, nc > 5, c24, c25, c26, c27)
+
+# %% book/05_cpu_kernels.ipynb #sgemm-zmm-job
+def _as_f32(X, ld, r0, rows, k, W, wo, fresh):
+    """Rows r0..r0+rows-1 of X (ld apart, k long) as float32: (array, row stride,
+    offset of row r0). F32 rows are read where they are; F16 rows are widened into
+    W[wo:] (exactly: every fp16 is a float32) unless they are there already (not
+    fresh), so that the tile's loads are plain loads and broadcasts, and the
+    conversions are made once per job or less, not once per tile."""
+
+
+@overload(_as_f32)
+def _as_f32_impl(X, ld, r0, rows, k, W, wo, fresh):
+    if X.dtype == types.float32:
+        return lambda X, ld, r0, rows, k, W, wo, fresh: (X, ld, ld * r0)
+    if X.dtype == types.uint16:
+        def widen(X, ld, r0, rows, k, W, wo, fresh):
+            for r in range(rows if fresh else 0):
+                for l in range(0, k, KN):
+                    vstore_f32(W, wo + k * r + l, _vld8(X, ld * (r0 + r) + l))
+            return W, k, wo
+        return widen
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _job_zmm(A, lda, B, ldb, C, ldc, k, ii, rows, jj0, jj2, W, fresh_b):
+    """A job's outputs, rows ii..ii+rows-1 (4, 8 or 16) by columns jj0..jj2-1, in
+    8 x 6 tiles of gemm_bloc_zmm (4 x 6 for a job of 4 rows; the last ones narrower).
+    W: room for rows + jj2 - jj0 rows of k floats (F16 only), holding the job's columns
+    already unless fresh_b."""
+    a, la, ao = _as_f32(A, lda, ii, rows, k, W, 0, True)
+    b, lb, bo = _as_f32(B, ldb, jj0, jj2 - jj0, k, W, rows * k, fresh_b)
+    for bi in range(0, rows, 8):
+        for jj in range(jj0, jj2, 6):
+            gemm_bloc_zmm(a, ao + la * bi, la, b, bo + lb * (jj - jj0), lb, C,
+                          ldc * jj + ii + bi, ldc, k, min(8, rows - bi),
+                          min(6, jj2 - jj))
+
 # %% book/05_cpu_kernels.ipynb #sgemm-gemm
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _bloc_pos(ib, ibn, bloc_size):
@@ -104,22 +280,36 @@ def _bloc_pos(ib, ibn, bloc_size):
     return ibn * bloc_size + (ib - ibn) * (bloc_size - 1)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
-    """Job `job` of tinyBLAS::gemm<4, rn, bm> (see gemm), none for job -1; returns the
-    number of jobs."""
-    ytiles = m // (RM * bm)
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _column_blocks(n, rn):
+    """n's columns as tinyBLAS cuts them: xtiles tiles (the first jj_rn rn wide, the
+    rest rn - 1), in nb_bn blocks of size_bn tiles (the first jj_bn; the rest one
+    less)."""
     xtiles = (n + rn - 1) // rn
     jj_rn = xtiles - (xtiles * rn - n)
     nb_bn = 1 if xtiles < BN else (xtiles + BN // 2) // BN
     size_bn = xtiles // nb_bn if xtiles % nb_bn == 0 else xtiles // nb_bn + 1
-    jj_bn = nb_bn - (nb_bn * size_bn - xtiles)
-    if 0 <= job < ytiles * nb_bn:
-        ii, jb = (job % ytiles) * RM * bm, job // ytiles
-        jr0, jrn = _bloc_pos(jb, jj_bn, size_bn), _bloc_pos(jb + 1, jj_bn, size_bn)
-        jj0, jj2 = _bloc_pos(jr0, jj_rn, rn), _bloc_pos(jrn, jj_rn, rn)
+    return jj_rn, nb_bn, size_bn, nb_bn - (nb_bn * size_bn - xtiles)
+
+
+def _job_tiles(A, lda, B, ldb, C, ldc, k, ii, rows, jj0, jj2, jj_rn, rn, W, fresh):
+    """A job's outputs, rows ii..ii+rows-1 by columns jj0..jj2-1: in gemm_bloc_zmm's
+    tiles with AVX-512 (W, fresh: their scratch, see _job_zmm), else in gemm_bloc's
+    (rn wide up to column jj_rn * rn, rn - 1 after). Chosen when compiling: only one
+    of the two tiles is compiled."""
+
+
+@overload(_job_tiles)
+def _job_tiles_impl(A, lda, B, ldb, C, ldc, k, ii, rows, jj0, jj2, jj_rn, rn, W,
+                    fresh):
+    if AVX512:
+        def zmm(A, lda, B, ldb, C, ldc, k, ii, rows, jj0, jj2, jj_rn, rn, W, fresh):
+            _job_zmm(A, lda, B, ldb, C, ldc, k, ii, rows, jj0, jj2, W, fresh)
+        return zmm
+
+    def tiles(A, lda, B, ldb, C, ldc, k, ii, rows, jj0, jj2, jj_rn, rn, W, fresh):
         jj1 = min(jj2, jj_rn * rn)
-        for bi in range(0, bm * RM, RM):
+        for bi in range(0, rows, RM):
             jj = jj0
             while jj < jj1:
                 gemm_bloc(A, lda, B, ldb, C, ldc, k, ii + bi, jj, rn)
@@ -127,7 +317,41 @@ def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
             while jj < jj2:
                 gemm_bloc(A, lda, B, ldb, C, ldc, k, ii + bi, jj, rn - 1)
                 jj += rn - 1
+    return tiles
+
+# %% book/05_cpu_kernels.ipynb #sgemm-gemm-job
+@njit(cache=True, nogil=True, error_model="numpy")
+def _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job, W, held, plane):
+    """Job `job` of tinyBLAS::gemm<4, rn, bm> (see gemm), none for job -1; returns the
+    number of jobs. W, held: the AVX-512 tiles' scratch and which plane's column block
+    it holds (plane * nb_bn + jb; -1: none)."""
+    ytiles = m // (RM * bm)
+    jj_rn, nb_bn, size_bn, jj_bn = _column_blocks(n, rn)
+    if 0 <= job < ytiles * nb_bn:
+        ii, jb = (job % ytiles) * RM * bm, job // ytiles
+        jr0, jrn = _bloc_pos(jb, jj_bn, size_bn), _bloc_pos(jb + 1, jj_bn, size_bn)
+        jj0, jj2 = _bloc_pos(jr0, jj_rn, rn), _bloc_pos(jrn, jj_rn, rn)
+        block = plane * nb_bn + jb
+        _job_tiles(A, lda, B, ldb, C, ldc, k, ii, RM * bm, jj0, jj2, jj_rn, rn, W,
+                   held[0] != block)
+        held[0] = block
     return ytiles * nb_bn
+
+
+def _job_scratch(A, k, n, rn, bm):
+    """The floats _job_zmm needs for the widest job: F16 rows widened (none for F32 or
+    without AVX-512)."""
+
+
+@overload(_job_scratch)
+def _job_scratch_impl(A, k, n, rn, bm):
+    if not AVX512 or A.dtype != types.uint16:
+        return lambda A, k, n, rn, bm: np.empty(0, np.float32)
+
+    def scratch(A, k, n, rn, bm):
+        cols = _column_blocks(n, rn)[2] * rn
+        return np.empty((RM * bm + cols) * k, np.float32)
+    return scratch
 
 # %% book/05_cpu_kernels.ipynb #c72c543e
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -137,8 +361,9 @@ def gemm(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, counter, ith, nth):
     takes job ith first, then whatever the shared counter (set to nth before) hands out.
     Along n the first jj_rn tiles are rn wide, the rest rn - 1, so that n need not be a
     multiple of rn."""
+    W, held = _job_scratch(A, k, n, rn, bm), np.full(1, -1, np.int64)
     job = ith
-    while job < _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job):
+    while job < _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, job, W, held, 0):
         job = V.atomic_fetch_add(counter, 0, 1)
 
 
@@ -151,7 +376,8 @@ def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
     out by one counter (set to nth before), with no barrier: which thread computes an
     output does not change its bits."""
     lda, ldb, ldc, r2, r3, ne12 = ld[0], ld[3], ld[6], ld[9], ld[10], ld[11]
-    njobs = _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, -1)
+    W, held = _job_scratch(A, k, n, rn, bm), np.full(1, -1, np.int64)
+    njobs = _gemm_job(A, lda, B, ldb, C, ldc, k, m, n, rn, bm, -1, W, held, 0)
     g = ith
     while g < njobs * ne12 * ld[12]:
         p, job = g // njobs, g % njobs
@@ -159,7 +385,7 @@ def gemm_planes(A, B, C, ld, m, n, k, rn, bm, counter, ith, nth):
         a = A[(i12 // r2) * ld[1] + (i13 // r3) * ld[2]:]
         b = B[i12 * ld[4] + i13 * ld[5]:]
         c = C[i12 * ld[7] + i13 * ld[8]:]
-        _gemm_job(a, lda, b, ldb, c, ldc, k, m, n, rn, bm, job)
+        _gemm_job(a, lda, b, ldb, c, ldc, k, m, n, rn, bm, job, W, held, p)
         g = V.atomic_fetch_add(counter, 0, 1)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-plan
