@@ -276,10 +276,11 @@ def test_q8_0_zmm_tiles_taken_and_512_bit():
 
     @njit
     def dot64(a, b):
-        return SQ.vget(SQ._mul_sum_i8_pairs64(SQ.vload(a, 0, 64), SQ.vload(b, 0, 64)), 0)
+        acc = SQ.vzero(np.int32, 16) + np.int32(-7)
+        return SQ.vget(SQ._dpbusd64(acc, SQ.vload(a, 0, 64), SQ.vload(b, 0, 64)), 1)
 
-    x = np.arange(64, dtype=np.uint8)
-    assert dot64(x, x) == sum(int(np.int8(v)) ** 2 for v in x[:4])
+    x = np.arange(64, dtype=np.uint8) * np.uint8(37)      # bytes of both signs
+    assert dot64(x, x) == -7 + sum(int(v) * int(np.int8(v)) for v in x[4:8])
     asm = next(iter(dot64.inspect_asm().values()))
     assert "vpdpbusd" in asm and "zmm" in asm
     assert SQ._ZMM and tuple(SQ._MNPACK[3, 3]) == (4, 4)

@@ -154,32 +154,44 @@ def q0_tile(ta, A, lda, B, ldb, C, ldc, k, ii, jj, rm, rn, P):
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm
 @intrinsic
-def _mul_sum_i8_pairs64(typingctx, a, b):
-    """mul_sum_i8_pairs on 64 bytes: Vec(int32 x 16). With AVX512-VNNI ggml's
-    mul_sum_i8_pairs_acc_int32x16: |a| (vpabsb), b negated where a < 0 (a masked
-    vpsubb), vpdpbusd; the plain products elsewhere."""
-    if not (isinstance(a, Vec) and a == b and a.count == 64
-            and a.dtype in (types.uint8, types.int8)):
+def _dpbusd64(typingctx, acc, u, s):
+    """acc plus the 64 unsigned bytes of u times the 64 signed bytes of s (raw bytes),
+    summed in fours: Vec(int32 x 16). One vpdpbusd with AVX512-VNNI; the plain
+    products elsewhere. Exact: no product or sum is saturated or wrapped."""
+    if not (isinstance(acc, Vec) and acc.count == 16 and acc.dtype == types.int32
+            and isinstance(u, Vec) and u == s and u.count == 64
+            and u.dtype in (types.uint8, types.int8)):
         return None
 
     def codegen(context, builder, sig, args):
-        x, y = args
-        zero, i32 = ir.Constant(x.type, None), ir.VectorType(ir.IntType(32), 16)
+        c, x, y = args
+        i32 = ir.VectorType(ir.IntType(32), 16)
         if AVX512_VNNI:
-            neg = builder.icmp_signed("<", x, zero)
-            ax = builder.select(neg, builder.sub(zero, x), x)
-            sy = builder.select(neg, builder.sub(zero, y), y)
             return x86_intrinsic(builder, "llvm.x86.avx512.vpdpbusd.512", i32,
-                                 [ir.Constant(i32, None), builder.bitcast(ax, i32),
-                                  builder.bitcast(sy, i32)])
+                                 [c, builder.bitcast(x, i32), builder.bitcast(y, i32)])
         wide = ir.VectorType(ir.IntType(32), 64)
-        p = builder.mul(builder.sext(x, wide), builder.sext(y, wide))
+        p = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
         for n in (64, 32):
             p = builder.add(*(builder.shuffle_vector(
                 p, p, ir.Constant(ir.VectorType(ir.IntType(32), n // 2),
                                   list(range(k, n, 2)))) for k in (0, 1)))
-        return p
-    return Vec(types.int32, 16)(a, b), codegen
+        return builder.add(c, p)
+    return acc(acc, u, s), codegen
+
+
+@intrinsic
+def _bytes64(typingctx, x):
+    """Vec(uint8 x 64) with x in every byte."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vt, x = ir.VectorType(ir.IntType(8), 64), builder.trunc(args[0], ir.IntType(8))
+        none = ir.Constant(vt, ir.Undefined)
+        v = builder.insert_element(none, x, ir.IntType(32)(0))
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64)
+        return builder.shuffle_vector(v, none, zeros)
+    return Vec(types.uint8, 64)(x), codegen
 
 
 @intrinsic
@@ -211,13 +223,67 @@ def _half(typingctx, v, h):
         return builder.shuffle_vector(args[0], args[0], mask)
     return Vec(v.dtype, 8)(v, h), codegen
 
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-ucodes
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_ucodes_q8_0(A, ao):
+    return vload(A, ao + 2, 32) + np.uint8(128)     # wraps: the code + 128, 0..255
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_ucodes_q4_0(A, ao):
+    q = vload(A, ao + 2, 16)
+    return vcat(q & 15, q >> 4)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_ucodes_q5_0(A, ao):
+    q = vload(A, ao + 6, 16)
+    return vcat(q & 15, q >> 4) | (bytes_from_bits_32(A, ao + 2) & 16)
+
+
+def q0_ucodes(ta, A, ao):
+    """q0_codes plus q0_offset(ta), as unsigned bytes: Q8_0's codes + 128, Q4_0's
+    nibbles, Q5_0's 5-bit codes, each as stored before ggml subtracts its offset."""
+
+
+def q0_offset(ta):
+    """What q0_ucodes adds to a code: 128, 8 or 16."""
+
+
+_Q0_UCODES = {int(Type.Q8_0): (_q0_ucodes_q8_0, 128),
+              int(Type.Q4_0): (_q0_ucodes_q4_0, 8),
+              int(Type.Q5_0): (_q0_ucodes_q5_0, 16)}
+
+
+@overload(q0_ucodes, prefer_literal=True)
+def _q0_ucodes_impl(ta, A, ao):
+    if isinstance(ta, types.IntegerLiteral):
+        codes = _Q0_UCODES[ta.literal_value][0]
+        return lambda ta, A, ao: codes(A, ao)
+
+
+@overload(q0_offset, prefer_literal=True)
+def _q0_offset_impl(ta):
+    if isinstance(ta, types.IntegerLiteral):
+        off = _Q0_UCODES[ta.literal_value][1]
+        return lambda ta: off
+
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm-tile
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _q0_two(ta, A, ao, b, s, d):
+def _q0_minus(ta, b):
+    """-q0_offset(ta) times two columns' blocks b (64 bytes) summed in fours: where
+    the unsigned codes' sums start, so that they come out as the signed codes' sums."""
+    z = vzero(np.int32, 16)
+    return z - _dpbusd64(z, _bytes64(q0_offset(ta)), b)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _q0_two(ta, A, ao, b, minus, s, d):
     """The block of A at ao times two columns' blocks b (64 bytes), each column's 8
-    lanes times its product of scales: _q0_dot's addend for both columns."""
-    a = q0_codes(ta, A, ao)
-    return vfloat(_mul_sum_i8_pairs64(vcat(a, a), b)) * (s * d)
+    lanes times its product of scales: _q0_dot's addend for both columns. The integer
+    sums as (code + offset) * b - offset * b: the same integers, one vpdpbusd."""
+    u = q0_ucodes(ta, A, ao)
+    return vfloat(_dpbusd64(minus, vcat(u, u), b)) * (s * d)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -251,17 +317,18 @@ def q0_tile_zmm(ta, A, lda, B, ldb, C, ldc, k, ii, jj, rn, dA4, dB):
         o, q = q0_bytes(ta) * l, Q8_0_BYTES * l
         b01 = vcat(vload(B, ldb * jj + q + 2, 32), vload(B, ldb * j1 + q + 2, 32))
         b23 = vcat(vload(B, ldb * j2 + q + 2, 32), vload(B, ldb * j3 + q + 2, 32))
+        m01, m23 = _q0_minus(ta, b01), _q0_minus(ta, b23)
         s01 = _splat2(_f32(dB, jj * k + l), _f32(dB, j1 * k + l))
         s23 = _splat2(_f32(dB, j2 * k + l), _f32(dB, j3 * k + l))
         d = vload_f32(dA4, 4 * l, 4)
-        c00 += _q0_two(ta, A, a0 + o, b01, s01, vget(d, 0))
-        c01 += _q0_two(ta, A, a0 + o, b23, s23, vget(d, 0))
-        c10 += _q0_two(ta, A, a1 + o, b01, s01, vget(d, 1))
-        c11 += _q0_two(ta, A, a1 + o, b23, s23, vget(d, 1))
-        c20 += _q0_two(ta, A, a2 + o, b01, s01, vget(d, 2))
-        c21 += _q0_two(ta, A, a2 + o, b23, s23, vget(d, 2))
-        c30 += _q0_two(ta, A, a3 + o, b01, s01, vget(d, 3))
-        c31 += _q0_two(ta, A, a3 + o, b23, s23, vget(d, 3))
+        c00 += _q0_two(ta, A, a0 + o, b01, m01, s01, vget(d, 0))
+        c01 += _q0_two(ta, A, a0 + o, b23, m23, s23, vget(d, 0))
+        c10 += _q0_two(ta, A, a1 + o, b01, m01, s01, vget(d, 1))
+        c11 += _q0_two(ta, A, a1 + o, b23, m23, s23, vget(d, 1))
+        c20 += _q0_two(ta, A, a2 + o, b01, m01, s01, vget(d, 2))
+        c21 += _q0_two(ta, A, a2 + o, b23, m23, s23, vget(d, 2))
+        c30 += _q0_two(ta, A, a3 + o, b01, m01, s01, vget(d, 3))
+        c31 += _q0_two(ta, A, a3 + o, b23, m23, s23, vget(d, 3))
     _put4(C, ldc * jj + ii, c00, c10, c20, c30, 0)
     _put4(C, ldc * j1 + ii, c00, c10, c20, c30, 1)
     _put4(C, ldc * j2 + ii, c01, c11, c21, c31, 0)
