@@ -144,10 +144,11 @@ def new_graph(ctx):
 _PARAM, _COMPUTE = int(TensorFlag.PARAM), int(TensorFlag.COMPUTE)
 # flags | COMPUTE for every set of flags, made once for the same reason
 _WITH_COMPUTE = {f: f | TensorFlag.COMPUTE for f in map(TensorFlag, range(32))}
+_OP_NONE = Op.NONE               # (an Enum member read once: Op.NONE looks it up each time)
 
 
 def _is_leaf(t):
-    return t.op == Op.NONE and not int(t.flags) & _PARAM
+    return t.op == _OP_NONE and not int(t.flags) & _PARAM
 
 
 def _count_new(graph, root, where):
@@ -157,18 +158,16 @@ def _count_new(graph, root, where):
     seen, stack, nodes, leafs = set(), [root], 0, 0
     while stack:
         t = stack.pop()
-        if t is None:                                     # an empty src slot
-            continue
         key = id(t)
         if key in visited or key in seen:
             continue
         seen.add(key)
         tensor_check_alive(t, where)
-        if _is_leaf(t):
+        if t.op == _OP_NONE and not int(t.flags) & _PARAM:
             leafs += 1
         else:
             nodes += 1
-        stack += t.src
+        stack += filter(None, t.src)          # the sources, empty slots left out
     return nodes, leafs
 
 # %% book/04_graph.ipynb #0410d3fe1587
@@ -190,7 +189,7 @@ def _visit_parents(graph, root, compute):
     visited, counts, stack = graph.visited_hash_set, graph.use_counts, []
 
     def enter(t):
-        if compute and t.op != Op.NONE and not int(t.flags) & _COMPUTE:
+        if compute and t.op != _OP_NONE and not int(t.flags) & _COMPUTE:
             t.flags = _WITH_COMPUTE.get(t.flags) or t.flags | TensorFlag.COMPUTE
         key = id(t)
         new = key not in visited
@@ -199,7 +198,7 @@ def _visit_parents(graph, root, compute):
             counts[key] = 0
         elif not compute:     # already in the graph: only a flag could need spreading
             return
-        srcs = [s for s in t.src if s is not None]   # its operands, in the walk's order
+        srcs = list(filter(None, t.src))        # its operands, in the walk's order
         stack.append([t, iter(srcs[::-1] if rtl else srcs), new, None])
 
     enter(root)
