@@ -372,8 +372,7 @@ CPU_VARIANT = cpu_variant_load()
 _FEATURES = _target_features()
 AVX2 = "avx2" in _FEATURES   # pmaddubsw, pmaddwd on 32 bytes
 AVX512_VNNI = AVX2 and {"avx512vnni", "avx512vl"} <= _FEATURES   # vpdpbusd on 32 bytes
-# 32 registers of 16 floats (GGML_AVX512: F, CD, VL, DQ, BW)
-AVX512 = AVX2 and {"avx512f", "avx512cd", "avx512vl", "avx512dq",
+AVX512 = AVX2 and {"avx512f", "avx512cd", "avx512vl", "avx512dq",  # GGML_AVX512: zmm
                     "avx512bw"} <= _FEATURES
 
 
