@@ -255,15 +255,17 @@ def test_q8_0_zmm_tiles_are_the_dot_products_bits(rn):
     k, lda = 3, 3 * SQ.Q8_0_BYTES
     w, x = _q8_0(a), np.empty(rn * lda, np.uint8)
     quantize_row_q8_0(b.reshape(-1), x)              # as the chunk loop converts src1
-    dA4 = np.array([SQ.q0_row_scales(w.reshape(-1), lda, 4, k)[i * k + l] for l in range(k) for i in range(4)],
-                   np.float32)
+    dA4, U4 = np.empty(4 * k, np.float32), np.empty(128 * k, np.uint8)
     c = np.full(rn * 4, np.nan, np.float32)
 
     @njit
-    def tile(A, B, C, dA4, dB):                      # the weight's type, Q8_0, a constant
-        SQ.q0_tile_zmm(8, A, lda, B, lda, C, 4, k, 0, 0, rn, dA4, dB)
+    def tile(A, B, C, dA4, U4, dB):                  # the weight's type, Q8_0, a constant
+        SQ.q0_rows4(8, A, lda, 0, k, dA4, U4)
+        SQ.q0_tile_zmm(8, U4, B, lda, C, 4, k, 0, 0, rn, dA4, dB)
 
-    tile(w.reshape(-1), x, c, dA4, SQ.q0_row_scales(x, lda, rn, k))
+    tile(w.reshape(-1), x, c, dA4, U4, SQ.q0_row_scales(x, lda, rn, k))
+    assert np.array_equal(dA4, [SQ.q0_row_scales(w.reshape(-1), lda, 4, k)[i * k + l]
+                                for l in range(k) for i in range(4)])
     plain = np.full((1, 1, rn, 4), np.nan, np.float32)
     forward_mul_mat(Type.Q8_0, w, b, plain)
     assert np.array_equal(c.reshape(rn, 4), plain[0, 0])

@@ -21,6 +21,18 @@ KN = 8
 RM, RN, BN = 4, 3, 24
 
 # %% book/05_cpu_kernels.ipynb #sgemm-simd
+def _load8(context, builder, aryty, ary, i):
+    """a[i:i+8] as <8 x float>: float32 as they are, fp16 bits widened (vcvtph2ps)."""
+    a = context.make_array(aryty)(context, builder, ary)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, a, [i])
+    if aryty.dtype == types.float32:
+        return builder.load(builder.bitcast(ptr, ir.VectorType(ir.FloatType(), 8)
+                                            .as_pointer()), align=4)
+    h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 8).as_pointer()),
+                     align=2)
+    return builder.fpext(h, ir.VectorType(ir.FloatType(), 8))
+
+
 @intrinsic
 def _vld8(typingctx, a, i):
     """a[i:i+8] as Vec(float32 x 8): float32 as they are, fp16 (the uint16 bits) widened
@@ -28,18 +40,10 @@ def _vld8(typingctx, a, i):
     load<__m256>(const ggml_fp16_t *)."""
     if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16)):
         return None
-    rt = Vec(types.float32, 8)
 
     def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
-        if sig.args[0].dtype == types.float32:
-            vptr = builder.bitcast(ptr, context.get_value_type(rt).as_pointer())
-            return builder.load(vptr, align=4)
-        halves = ir.VectorType(ir.HalfType(), 8)
-        hptr = builder.bitcast(ptr, halves.as_pointer())
-        return builder.fpext(builder.load(hptr, align=2), context.get_value_type(rt))
-    return rt(a, i), codegen
+        return _load8(context, builder, sig.args[0], args[0], args[1])
+    return Vec(types.float32, 8)(a, i), codegen
 
 
 @intrinsic
@@ -95,18 +99,6 @@ def gemm_bloc(A, lda, B, ldb, C, ldc, k, ii, jj, rn):
         C[o], C[o + 1], C[o + 2], C[o + 3] = vsum(c20), vsum(c21), vsum(c22), vsum(c23)
 
 # %% book/05_cpu_kernels.ipynb #sgemm-zmm-simd
-def _load8(context, builder, aryty, ary, i):
-    """a[i:i+8] as <8 x float>: float32 as they are, fp16 bits widened (vcvtph2ps)."""
-    a = context.make_array(aryty)(context, builder, ary)
-    ptr = cgutils.get_item_pointer(context, builder, aryty, a, [i])
-    if aryty.dtype == types.float32:
-        return builder.load(builder.bitcast(ptr, ir.VectorType(ir.FloatType(), 8)
-                                            .as_pointer()), align=4)
-    h = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), 8).as_pointer()),
-                     align=2)
-    return builder.fpext(h, ir.VectorType(ir.FloatType(), 8))
-
-
 def _lanes(builder, x, y, lanes):
     mask = ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), list(lanes))
     return builder.shuffle_vector(x, y, mask)

@@ -8,6 +8,7 @@ __all__ = []
 import numpy as np
 from llvmlite import ir
 from numba import literally, njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ggml_lite.backends.cpu import vec as V
@@ -268,6 +269,35 @@ def _q0_offset_impl(ta):
         off = _Q0_UCODES[ta.literal_value][1]
         return lambda ta: off
 
+# %% book/05_cpu_kernels.ipynb #sgemm-q0-rows4
+@intrinsic
+def _vstore_bytes(typingctx, a, i, v):
+    """Vec(uint8 x n) v stored at a[i], ..., a[i+n-1] of a uint8 array."""
+    if not (isinstance(a, types.Array) and a.dtype == types.uint8
+            and isinstance(v, Vec) and v.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+        vt = ir.VectorType(ir.IntType(8), sig.args[2].count)
+        builder.store(args[2], builder.bitcast(ptr, vt.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.none(a, i, v), codegen
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def q0_rows4(ta, A, lda, ii, k, dA4, U4):
+    """What every tile of the weight rows ii..ii+3 reads, made once for the band: their
+    scales side by side, block by block, into dA4, and their unsigned codes
+    (q0_ucodes) into U4, 32 bytes per row and block, the four rows' blocks side by
+    side. Q5_0's codes cost a dozen instructions to unpack: once, not once per tile."""
+    for l in range(k):
+        for r in range(4):
+            ao = lda * (ii + r) + q0_bytes(ta) * l
+            dA4[4 * l + r] = V.fp16_at(A, ao)
+            _vstore_bytes(U4, 128 * l + 32 * r, q0_ucodes(ta, A, ao))
+
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm-tile
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _q0_minus(ta, b):
@@ -278,11 +308,12 @@ def _q0_minus(ta, b):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _q0_two(ta, A, ao, b, minus, s, d):
-    """The block of A at ao times two columns' blocks b (64 bytes), each column's 8
-    lanes times its product of scales: _q0_dot's addend for both columns. The integer
-    sums as (code + offset) * b - offset * b: the same integers, one vpdpbusd."""
-    u = q0_ucodes(ta, A, ao)
+def _q0_two(U4, uo, b, minus, s, d):
+    """A weight block's unsigned codes (U4[uo:uo+32]) times two columns' blocks b (64
+    bytes), each column's 8 lanes times its product of scales: _q0_dot's addend for
+    both columns. The integer sums as (code + offset) * b - offset * b: the same
+    integers, one vpdpbusd."""
+    u = vload(U4, uo, 32)
     return vfloat(_dpbusd64(minus, vcat(u, u), b)) * (s * d)
 
 
@@ -292,43 +323,35 @@ def _f32(x, i):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def q0_rows_scales4(ta, A, lda, ii, k, dA4):
-    """The scales of A's rows ii..ii+3 side by side, block by block, into dA4."""
-    for i in range(4 * k):
-        dA4[i] = V.fp16_at(A, lda * (ii + i % 4) + q0_bytes(ta) * (i // 4))
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _put4(C, o, c0, c1, c2, c3, h):
     C[o], C[o + 1] = vsum(_half(c0, h)), vsum(_half(c1, h))
     C[o + 2], C[o + 3] = vsum(_half(c2, h)), vsum(_half(c3, h))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def q0_tile_zmm(ta, A, lda, B, ldb, C, ldc, k, ii, jj, rn, dA4, dB):
-    """The 4 x rn tile (rn = 3 or 4; a 4 x 3 tile computes its last column twice) with
-    two columns per zmm register. dA4: the 4 rows' scales side by side, block by block;
-    dB: q0_row_scales of B."""
+def q0_tile_zmm(ta, U4, B, ldb, C, ldc, k, ii, jj, rn, dA4, dB):
+    """The 4 x rn tile (rn = 3 or 4; a 4 x 3 tile computes its last column twice) of
+    the weight rows ii..ii+3 with two columns per zmm register. U4, dA4: those rows'
+    unsigned codes and scales (q0_rows4); dB: q0_row_scales of B."""
     j1, j2, j3 = jj + 1, jj + 2, jj + rn - 1
     z = vzero(np.float32, 16)
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = z
-    a0, a1, a2, a3 = lda * ii, lda * (ii + 1), lda * (ii + 2), lda * (ii + 3)
     for l in range(k):
-        o, q = q0_bytes(ta) * l, Q8_0_BYTES * l
+        o, q = 128 * l, Q8_0_BYTES * l          # the block's codes in U4, in B
         b01 = vcat(vload(B, ldb * jj + q + 2, 32), vload(B, ldb * j1 + q + 2, 32))
         b23 = vcat(vload(B, ldb * j2 + q + 2, 32), vload(B, ldb * j3 + q + 2, 32))
         m01, m23 = _q0_minus(ta, b01), _q0_minus(ta, b23)
         s01 = _splat2(_f32(dB, jj * k + l), _f32(dB, j1 * k + l))
         s23 = _splat2(_f32(dB, j2 * k + l), _f32(dB, j3 * k + l))
         d = vload_f32(dA4, 4 * l, 4)
-        c00 += _q0_two(ta, A, a0 + o, b01, m01, s01, vget(d, 0))
-        c01 += _q0_two(ta, A, a0 + o, b23, m23, s23, vget(d, 0))
-        c10 += _q0_two(ta, A, a1 + o, b01, m01, s01, vget(d, 1))
-        c11 += _q0_two(ta, A, a1 + o, b23, m23, s23, vget(d, 1))
-        c20 += _q0_two(ta, A, a2 + o, b01, m01, s01, vget(d, 2))
-        c21 += _q0_two(ta, A, a2 + o, b23, m23, s23, vget(d, 2))
-        c30 += _q0_two(ta, A, a3 + o, b01, m01, s01, vget(d, 3))
-        c31 += _q0_two(ta, A, a3 + o, b23, m23, s23, vget(d, 3))
+        c00 += _q0_two(U4, o, b01, m01, s01, vget(d, 0))
+        c01 += _q0_two(U4, o, b23, m23, s23, vget(d, 0))
+        c10 += _q0_two(U4, o + 32, b01, m01, s01, vget(d, 1))
+        c11 += _q0_two(U4, o + 32, b23, m23, s23, vget(d, 1))
+        c20 += _q0_two(U4, o + 64, b01, m01, s01, vget(d, 2))
+        c21 += _q0_two(U4, o + 64, b23, m23, s23, vget(d, 2))
+        c30 += _q0_two(U4, o + 96, b01, m01, s01, vget(d, 3))
+        c31 += _q0_two(U4, o + 96, b23, m23, s23, vget(d, 3))
     _put4(C, ldc * jj + ii, c00, c10, c20, c30, 0)
     _put4(C, ldc * j1 + ii, c00, c10, c20, c30, 1)
     _put4(C, ldc * j2 + ii, c01, c11, c21, c31, 0)
@@ -360,7 +383,9 @@ def gemm_q0(ta, A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
     literally(ta)
     dB = q0_row_scales(B, ldb, n, k)
     dA4, P = np.empty(4 * k, np.float32), np.empty(8 * k, np.float32)
+    U4 = np.empty(128 * k if _ZMM else 0, np.uint8)
     rows = -1                                   # the rows whose scales dA4 holds
+    urows = -1                                  # the rows whose codes U4 holds
     stack = np.empty((32, 4), np.int64)
     stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = 0, m, 0, n
     top = 1
@@ -375,10 +400,10 @@ def gemm_q0(ta, A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
             ii, jj = m0 + job // xtiles * mc, n0 + job % xtiles * nc
             if _ZMM and mc == 4 and nc >= 3:      # (the 4 x 3 and 4 x 4 tiles)
-                if ii != rows:
-                    q0_rows_scales4(ta, A, lda, ii, k, dA4)
-                rows = ii
-                q0_tile_zmm(ta, A, lda, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
+                if ii != urows:
+                    q0_rows4(ta, A, lda, ii, k, dA4, U4)
+                rows = urows = ii
+                q0_tile_zmm(ta, U4, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
                 continue
             if mc == 4 and nc <= 2:
                 q0_scale_products(ta, A, lda, ii, ii != rows, dA4, dB, jj, jj + nc - 1,
