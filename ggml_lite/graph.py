@@ -163,7 +163,7 @@ def _count_new(graph, root, where):
             continue
         seen.add(key)
         tensor_check_alive(t, where)
-        if t.op == _OP_NONE and not int(t.flags) & _PARAM:
+        if _is_leaf(t):
             leafs += 1
         else:
             nodes += 1

@@ -400,7 +400,7 @@ def gemm_q0(ta, A, lda, B, ldb, C, ldc, k, m, n, ith, nth):
         for job in range(duty * ith, min(duty * ith + duty, ytiles * xtiles)):
             ii, jj = m0 + job // xtiles * mc, n0 + job % xtiles * nc
             if _ZMM and mc == 4 and nc >= 3:      # (the 4 x 3 and 4 x 4 tiles)
-                if ii != urows:
+                if ii != urows or ii != rows:     # (a 4 x 2 tile may refill dA4)
                     q0_rows4(ta, A, lda, ii, k, dA4, U4)
                 rows = urows = ii
                 q0_tile_zmm(ta, U4, B, ldb, C, ldc, k, ii, jj, nc, dA4, dB)
