@@ -121,7 +121,10 @@ def _make_tasks(cgraph, cplan, p):
         nth = _n_workers(node, cplan.n_threads, cplan.min_work_per_node)
         p.owner = None
         if node.op == Op.MUL_MAT and cplan.trace is not None:
-            nchunk0, nchunk1, _, _ = V.mul_mat_chunks(node.ne[0], nrows(node), nth)
+            t = node.src[0].type                     # K-quants: the tiled chunks (05)
+            tt = (V.mul_mat_tiled_type(t, node.src[1].ne[1])
+                  if kernel is CPU_KERNELS[Op.MUL_MAT] else int(t))
+            nchunk0, nchunk1, _, _ = V.mul_mat_chunks_of(tt, node.ne[0], nrows(node), nth)
             p.owner = owners[i] = np.full(nchunk0 * nchunk1, -1, np.int32)
         runs = kernel.prepare(node, p)
         tasks += [_Task(run, nth, node, i)
@@ -453,7 +456,9 @@ def _lower_mul_mat(node, p, nth):
     w = p.wdata if p.wdata is not None else np.zeros(1, np.uint8)
     w4 = w.reshape(1, 1, 1, -1)
     n, rs = b.shape[3], row_size(vdt, b.shape[3])
-    chunks = V.mul_mat_chunks(d.shape[3], d.shape[0] * d.shape[1] * d.shape[2], nth)
+    tt = V.mul_mat_tiled_type(t, b.shape[2])     # the tiled product (05) or not
+    chunks = V.mul_mat_chunks_of(tt, d.shape[3], d.shape[0] * d.shape[1] * d.shape[2],
+                                 nth)
     src1_task = mul_mat_src1_row(vdt, convert, d, a, b, w4)
     if is_quantized(t):
         kind, y = P.TASK_MUL_MAT_Q, b
@@ -467,7 +472,6 @@ def _lower_mul_mat(node, p, nth):
     if not d.flags.c_contiguous or d.dtype != np.float32 \
             or (is_quantized(t) and not a.flags.c_contiguous):
         return None
-    tt = V.mul_mat_tiled_type(t, b.shape[2])     # the tiled product (05) or not
     return [src1_task, (kind, [tt, n, rs, *chunks], (d, a, y, w4), ())]
 
 # %% book/92_making_python_fast.ipynb #3366bcd2
