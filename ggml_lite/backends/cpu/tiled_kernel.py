@@ -138,9 +138,8 @@ _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K = (int(Type.Q2_K), int(Type.Q3_K), int(Type.Q4
 
 # One super-block (slab ib) of weight row x into row r of the tile: its 256 codes as
 # unsigned bytes at U[256 r:], its sub-blocks' int32 scales at SC[r], its d (and dmin)
-# at D[r], DM[r]: ggml's tiled_unpack_src0, one type each. CG[16 r + g] (int16) is what each
-# group of 16 codes multiplies the activations' sum of that group by: its sub-block's
-# min for the types with mins, its scale for the types with a bias.
+# at D[r], DM[r]: ggml's tiled_unpack_src0, one type each. For the types with mins,
+# CG[16 r + g] (int16) is the min of the sub-block that holds group g of 16 codes.
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _k4_scales(x, xo, r, SC, CG):
     """Q4_K's and Q5_K's 12 bytes of 6-bit scales and mins, unpacked as ggml's utmp."""
@@ -180,7 +179,7 @@ def _unpack_q6_K(x, ib, r, U, SC, CG, D, DM):
     xo = ib * 210
     D[r] = fp16_at(x, xo + 208)
     for k in range(16):                 # int8 scales
-        SC[r, k] = CG[16 * r + k] = np.int32(np.int8(x[xo + 192 + k]))
+        SC[r, k] = np.int32(np.int8(x[xo + 192 + k]))
     for h in range(2):                  # codes 0..63 (the bias 32 comes off later)
         ql, o = xo + 64 * h, 256 * r + 128 * h
         b1, b2, c = vload(x, ql, 32), vload(x, ql + 32, 32), vload(x, xo + 128 + 32 * h, 32)
@@ -212,7 +211,7 @@ def _unpack_q3_K(x, ib, r, U, SC, CG, D, DM):
           ((a0 >> 4) & 0x0F0F0F0F) | (((a2 >> 4) & 0x03030303) << 4),
           ((a1 >> 4) & 0x0F0F0F0F) | (((a2 >> 6) & 0x03030303) << 4))
     for k in range(16):                 # 6-bit scales, minus 32
-        SC[r, k] = CG[16 * r + k] = np.int32((sc[k // 4] >> (8 * (k % 4))) & 255) - 32
+        SC[r, k] = np.int32((sc[k // 4] >> (8 * (k % 4))) & 255) - 32
     hm = vload(x, xo, 32)
     for h in range(2):                  # codes 0..7: two bits, plus 4 where hmask is set
         q = vload(x, xo + 32 + 32 * h, 32)
@@ -258,7 +257,8 @@ def unpack_src1(w, rs, c0, n1, ib, A, BS, D1):
 def micro_band8(t, i, b, U, SC, CG, D, DM, A, BS, D1, acc):
     """ggml's tiled_run_micro_vnni_8x16 for a weight of type t (a constant): rows i to
     i + 7 of the tile times the 16 columns of band b, one slab, added into acc (rows of
-    256 floats: acc[256 r + 16 b:] holds row r's outputs for band b's columns)."""
+    256 floats: acc[256 r + 16 b:] holds row r's outputs for band b's columns). CG and
+    BS as bytes (a view made in a loop costs an atomic reference count)."""
 
 
 @overload(micro_band8, prefer_literal=True)
@@ -283,20 +283,23 @@ def _micro_band8_impl(t, i, b, U, SC, CG, D, DM, A, BS, D1, acc):
                 a5 = dot4_small(a5, splat4(U, o + 1280 + 4 * g), cv)
                 a6 = dot4_small(a6, splat4(U, o + 1536 + 4 * g), cv)
                 a7 = dot4_small(a7, splat4(U, o + 1792 + 4 * g), cv)
+            if bias:                        # the codes' bias times the group's sums
+                x = vas(vload(BS, 512 * b + 64 * (s // 2), 64), np.int32)
+                bb = ((x << (16 - 16 * (s % 2))) >> 16) * bias
+                a0, a1, a2, a3 = a0 - bb, a1 - bb, a2 - bb, a3 - bb
+                a4, a5, a6, a7 = a4 - bb, a5 - bb, a6 - bb, a7 - bb
             s0, s1 = s0 + a0 * SC[i, s], s1 + a1 * SC[i + 1, s]
             s2, s3 = s2 + a2 * SC[i + 2, s], s3 + a3 * SC[i + 3, s]
             s4, s5 = s4 + a4 * SC[i + 4, s], s5 + a5 * SC[i + 5, s]
             s6, s7 = s6 + a6 * SC[i + 6, s], s7 + a7 * SC[i + 7, s]
-        d1, cg, bs = vload_f32(D1, 16 * b, 16), CG.view(np.uint8), BS.view(np.uint8)
+        d1 = vload_f32(D1, 16 * b, 16)
         for r, sr in enumerate((s0, s1, s2, s3, s4, s5, s6, s7)):
-            m = z                           # sum over groups of 16: CG times their sums
-            for p in range(8):
-                m = dot2_i16(m, vas(splat4(cg, 32 * (i + r) + 4 * p), np.int16),
-                             vas(vload(bs, 512 * b + 64 * p, 64), np.int16))
-            if bias:                        # S1 less the codes' bias
-                sr = sr - m * bias
             res = vfloat(sr) * D[i + r]
-            if has_min:                     # fnmadd(dmin, S2, res)
+            if has_min:                     # S2: the mins times the groups' sums
+                m = z
+                for p in range(8):
+                    m = dot2_i16(m, vas(splat4(CG, 32 * (i + r) + 4 * p), np.int16),
+                                 vas(vload(BS, 512 * b + 64 * p, 64), np.int16))
                 res = vfma(vfloat(m), vzero(np.float32, 16) - DM[i + r], res)
             q = 256 * (i + r) + 16 * b      # the AVX2 epilogue: acc = fma(res, d8, acc)
             vstore_f32(acc, q, vfma(res, d1, vload_f32(acc, q, 16)))
@@ -329,6 +332,7 @@ def _tiled_window_impl(t, n, x, r0, n0, w, rs, c0, n1, ws):
     def window(t, n, x, r0, n0, w, rs, c0, n1, ws):
         U, SC, CG, D, DM, A, BS, D1, acc = ws
         m0, nb1 = -(-n0 // 8) * 8, -(-n1 // 16)
+        cg, bs = CG.view(np.uint8), BS.view(np.uint8)
         acc.reshape(256, 256)[:m0, :16 * nb1] = 0.0
         for ib in range(n // 256):
             for r in range(m0):             # rows past n0: zero codes and scales
@@ -340,7 +344,7 @@ def _tiled_window_impl(t, n, x, r0, n0, w, rs, c0, n1, ws):
             unpack_src1(w, rs, c0, n1, ib, A, BS, D1)
             for b in range(nb1):            # 16 columns by 8 rows at a time
                 for i in range(0, m0, 8):
-                    micro_band8(tt, i, b, U, SC, CG, D, DM, A, BS, D1, acc)
+                    micro_band8(tt, i, b, U, SC, cg, D, DM, A, bs, D1, acc)
     return window
 
 
