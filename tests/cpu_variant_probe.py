@@ -51,6 +51,9 @@ def main(out):
             q = w.astype(np.float16)
         res[t.name] = product(t, q, x)
         res[t.name + "_vec"] = product(t, q, x[:1])
+    x12 = rng.standard_normal((12, K)).astype(np.float32)
+    for t in (Type.Q4_K, Type.Q6_K):    # 12 columns: ggml's tiled K-quant product (05)
+        res[t.name + "_tiled"] = product(t, ggml.quantize_chunk(t, w), x12)
     q40 = ggml.quantize_chunk(Type.Q4_0, w)
     if AVX2:    # ggml repacks Q4_0 only where it has AVX2
         res["Q4_0_repack"] = product(Type.Q4_0, q40, x, R.backend_cpu_repack_buffer_type())

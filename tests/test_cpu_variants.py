@@ -111,10 +111,11 @@ def test_forced_variants_agree_and_keep_their_own_code(tmp_path):
                     "cannot be compared here")
 def test_haswell_and_icelake_in_the_same_bits(tmp_path):
     """ggml 0.15.3's Q8_0 and Q4_0 dots with AVX512-VNNI (256-bit vpdpbusd) give the
-    bits of its AVX2 ones; the repacked Q4_0 GEMM too."""
+    bits of its AVX2 ones; the repacked Q4_0 GEMM too; and the tiled K-quant kernel
+    (vpdpbusd against vpmaddubsw + vpmaddwd, both exact; the AVX2 epilogue on both)."""
     _, has = _probe(tmp_path, "haswell")
     ice_info, ice = _probe(tmp_path, "icelake")
     assert ice_info["vpdpbusd"]
     for name in has:
-        if name.startswith(("Q8_0", "Q4_0")):
+        if name.startswith(("Q8_0", "Q4_0", "Q4_K", "Q6_K")):
             assert np.array_equal(has[name], ice[name]), name

@@ -400,11 +400,15 @@ def tiled_one_chunk_t(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1
 @overload(tiled_one_chunk_t, prefer_literal=True)
 def _tiled_one_chunk_t_impl(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e,
                             ws):
-    if isinstance(t, types.IntegerLiteral):
+    if isinstance(t, types.IntegerLiteral) and t.literal_value - TILED in TILED_KINDS:
         tt = t.literal_value - TILED
         return (lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws:
                 tiled_one_chunk(tt, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
                                 ir1e, ws))
+    if isinstance(t, types.IntegerLiteral):   # a branch the caller never takes for t
+        def not_tiled(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws):
+            raise ValueError("tiled_one_chunk_t: not a K-quant type + TILED")
+        return not_tiled
 
     def any_type(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws):
         if t == _Q6_K + TILED:
