@@ -577,21 +577,24 @@ mul_mat_chunks_f_kernel = _mm_chunks_f
 
 def mul_mat_chunks_q_kernel(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0,
                             dr1, counter, owner, ith, nth):
-    """The chunk loop of a quantized weight of type id t, a constant of the compilation
-    (numba is asked to make it one: literally): ggml's tiled driver for a type marked
-    TILED, its mul_mat chunk loop otherwise, and only that one compiled."""
+    """The chunk loop of a quantized weight of type id t: ggml's tiled driver for a type
+    marked TILED (t a constant of the compilation), its mul_mat chunk loop otherwise."""
 
 
 @overload(mul_mat_chunks_q_kernel, prefer_literal=True)
 def _mul_mat_chunks_q_kernel_impl(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1,
                                   dr0, dr1, counter, owner, ith, nth):
-    if not isinstance(t, types.IntegerLiteral):
-        return lambda t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1, \
-            counter, owner, ith, nth: literally(t)
-    loop = _mm_chunks_tiled if t.literal_value >= TILED else _mm_chunks_q
+    literal = isinstance(t, types.IntegerLiteral)
+    tiled = literal and t.literal_value >= TILED
 
     def one(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1, counter,
             owner, ith, nth):
-        loop(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1, counter,
-             owner, ith, nth)
+        if tiled:
+            _mm_chunks_tiled(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0,
+                             dr1, counter, owner, ith, nth)
+        elif not literal and t >= TILED:
+            raise ValueError("mul_mat_chunks_q_kernel: a tiled type id must be a constant")
+        else:
+            _mm_chunks_q(t, n, a, w, rs, ne11, ne12, ne13, d, nchunk0, nchunk1, dr0, dr1,
+                         counter, owner, ith, nth)
     return one
