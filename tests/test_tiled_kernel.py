@@ -18,7 +18,7 @@ from ggml_lite.backends.cpu import vec as V
 from ggml_lite.backends.cpu.simd import vas, vload
 from ggml_lite.backends.cpu.tiled import TILED, tiled_dot
 from ggml_lite.backends.cpu.tiled_kernel import (dot2_i16, dot4_small, splat4, tiled_chunks,
-                                                 vstore_bytes)
+                                                 vstore)
 from ggml_lite.types import Type, quantize_chunk, row_size
 
 K_QUANTS = [Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K]
@@ -144,10 +144,10 @@ def test_tiled_chunks_are_ggmls():
 @njit(cache=True)
 def _dots(u, s, x, y, out4, out2):
     acc = vas(vload(out4, 0, 64), np.int32)
-    vstore_bytes(out4, 0, vas(dot4_small(acc, vload(u, 0, 64), vas(vload(s, 0, 64), np.int8)),
+    vstore(out4, 0, vas(dot4_small(acc, vload(u, 0, 64), vas(vload(s, 0, 64), np.int8)),
                               np.uint8))
     acc = vas(vload(out2, 0, 64), np.int32)
-    vstore_bytes(out2, 0, vas(dot2_i16(acc, vas(splat4(x, 0), np.int16),
+    vstore(out2, 0, vas(dot2_i16(acc, vas(splat4(x, 0), np.int16),
                                        vas(vload(y, 0, 64), np.int16)), np.uint8))
 
 
