@@ -16,6 +16,7 @@ from ggml_lite.backends.cpu.qdots import bytes_from_bits_32
 from ggml_lite.backends.cpu.simd import (
     AVX512_VNNI, Vec, mul_sum_i8_pairs, vcat, vfloat, vload, vget, vload_f32,
     vstore_f32, vsum, vzero, x86_intrinsic)
+from ggml_lite.backends.cpu.tiled_kernel import vstore
 from ggml_lite.types import Type
 
 Q8_0_BYTES = 34          # sizeof(block_q8_0): an fp16 scale, then 32 int8
@@ -270,20 +271,7 @@ def _q0_offset_impl(ta):
         return lambda ta: off
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-rows4
-@intrinsic
-def _vstore_bytes(typingctx, a, i, v):
-    """Vec(uint8 x n) v stored at a[i], ..., a[i+n-1] of a uint8 array."""
-    if not (isinstance(a, types.Array) and a.dtype == types.uint8
-            and isinstance(v, Vec) and v.dtype == types.uint8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
-        vt = ir.VectorType(ir.IntType(8), sig.args[2].count)
-        builder.store(args[2], builder.bitcast(ptr, vt.as_pointer()), align=1)
-        return context.get_dummy_value()
-    return types.none(a, i, v), codegen
+from ggml_lite.backends.cpu.tiled_kernel import vstore   # (the tiled kernel's)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -296,7 +284,7 @@ def q0_rows4(ta, A, lda, ii, k, dA4, U4):
         for r in range(4):
             ao = lda * (ii + r) + q0_bytes(ta) * l
             dA4[4 * l + r] = V.fp16_at(A, ao)
-            _vstore_bytes(U4, 128 * l + 32 * r, q0_ucodes(ta, A, ao))
+            vstore(U4, 128 * l + 32 * r, q0_ucodes(ta, A, ao))
 
 # %% book/05_cpu_kernels.ipynb #sgemm-q0-zmm-tile
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
