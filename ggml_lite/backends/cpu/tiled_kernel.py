@@ -416,37 +416,16 @@ def _tiled_one_chunk_impl(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
 
 
 def tiled_one_chunk_t(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws):
-    """tiled_one_chunk for the type id t + TILED: only t's kernel compiled where t is a
-    constant of the compilation, a switch over the five types otherwise."""
+    """tiled_one_chunk for the type id t + TILED, a constant of the compilation (its
+    callers ask numba for one: literally), so only that type's kernel is compiled."""
 
 
 @overload(tiled_one_chunk_t, prefer_literal=True)
 def _tiled_one_chunk_t_impl(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e,
                             ws):
-    if isinstance(t, types.IntegerLiteral) and t.literal_value - TILED in TILED_KINDS:
-        tt = t.literal_value - TILED
-        return (lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws:
-                tiled_one_chunk(tt, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                                ir1e, ws))
-    if isinstance(t, types.IntegerLiteral):   # a branch the caller never takes for t
-        def not_tiled(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws):
-            raise ValueError("tiled_one_chunk_t: not a K-quant type + TILED")
-        return not_tiled
-
-    def any_type(t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws):
-        if t == _Q6_K + TILED:
-            tiled_one_chunk(_Q6_K, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                            ir1e, ws)
-        elif t == _Q4_K + TILED:
-            tiled_one_chunk(_Q4_K, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                            ir1e, ws)
-        elif t == _Q5_K + TILED:
-            tiled_one_chunk(_Q5_K, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                            ir1e, ws)
-        elif t == _Q3_K + TILED:
-            tiled_one_chunk(_Q3_K, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                            ir1e, ws)
-        else:
-            tiled_one_chunk(_Q2_K, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s,
-                            ir1e, ws)
-    return any_type
+    if not isinstance(t, types.IntegerLiteral) or t.literal_value - TILED not in TILED_KINDS:
+        return None
+    tt = t.literal_value - TILED
+    return (lambda t, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e, ws:
+            tiled_one_chunk(tt, n, a, w, rs, ne11, ne12, ne13, d, ir0s, ir0e, ir1s, ir1e,
+                            ws))
